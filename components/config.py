@@ -1,0 +1,338 @@
+"""The one configuration schema of tuneloop.
+
+A run is described by one YAML file (see configs/). Every section below is a pydantic
+model that forbids unknown keys, so a typo is an error that names the key and the file
+instead of a silently ignored setting. Every field has an embedded default: an empty
+file (or no file at all) gives the local, single-machine setup.
+
+Environment variables override the file, after it is read:
+  TUNELOOP_HOME, TUNELOOP_MLFLOW_URI, TUNELOOP_PREFECT_API_URL, TUNELOOP_REDIS_URL,
+  TUNELOOP_BASE_MODEL, and generically TUNELOOP__<SECTION>__<KEY>=value
+  (for example TUNELOOP__DATA__SEED=7; values are parsed as YAML scalars).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used; the message names file and key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PathsConfig(Section):
+    # Everything a local run writes (MLflow DB, artifacts, bento store, cached base model,
+    # validation reports) lives under this folder unless a section says otherwise.
+    home: Path = Path(".tuneloop")
+
+
+class MlflowConfig(Section):
+    tracking_uri: str | None = None  # None: sqlite:///<home>/mlflow.db
+    artifact_location: str | None = None  # None: <home>/mlartifacts
+    experiment: str = "tuneloop"
+    registered_model: str = "tuneloop-chat"
+
+
+class PrefectConfig(Section):
+    api_url: str | None = None  # None: an ephemeral Prefect server per process
+
+
+class BentoConfig(Section):
+    home: Path | None = None  # None: <home>/bentoml
+
+
+class CacheConfig(Section):
+    redis_url: str | None = None  # None: in-process cache
+
+
+class DataConfig(Section):
+    train_path: Path = Path("data/sample/train.jsonl")
+    eval_path: Path | None = None  # None: split eval_fraction off train_path
+    format: Literal["auto", "chat", "legacy", "alpaca", "dolly"] = "auto"
+    on_bad_rows: Literal["fail", "quarantine"] = "quarantine"
+    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    seed: int = 42
+
+
+class ValidationConfig(Section):
+    min_prompt_chars: int = Field(1, ge=0)
+    max_prompt_chars: int = Field(8000, ge=1)
+    min_completion_chars: int = Field(1, ge=0)
+    max_completion_chars: int = Field(4000, ge=1)
+    # Bounds on the whole example rendered as training text, in tokens of the base
+    # model's tokenizer: too long would be truncated in training, silently.
+    min_tokens: int = Field(2, ge=0)
+    max_tokens: int = Field(512, ge=1)
+    # Fraction of rows allowed to be exact duplicates of an earlier row (0 = none).
+    max_duplicate_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    # Fraction of eval rows whose prompt also appears in train (leakage).
+    max_leakage_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    check_secrets: bool = True
+    check_pii: bool = True
+    # Completions "look like class labels" when they take at most this many distinct
+    # values, each short; then every label must hold at least min_label_share of rows.
+    label_max_classes: int = Field(20, ge=2)
+    label_max_chars: int = Field(32, ge=1)
+    min_label_share: float = Field(0.05, ge=0.0, le=1.0)
+    data_docs_dir: Path | None = None  # None: <home>/validation/data_docs
+
+
+class BootstrapConfig(Section):
+    """The small local base model `tuneloop bootstrap` builds for offline machines."""
+
+    output_dir: Path | None = None  # None: <home>/models/tiny-base
+    architecture: Literal["gpt2", "llama"] = "gpt2"
+    vocab_size: int = Field(4096, ge=300)
+    context_length: int = Field(512, ge=32)
+    n_layer: int = Field(4, ge=1)
+    n_embd: int = Field(128, ge=16)
+    n_head: int = Field(4, ge=1)
+    steps: int = Field(600, ge=0)
+    batch_size: int = Field(16, ge=1)
+    block_size: int = Field(128, ge=16)
+    learning_rate: float = Field(1e-3, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "BootstrapConfig":
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.block_size > self.context_length:
+            raise ValueError("block_size must not exceed context_length")
+        return self
+
+
+class ModelConfig(Section):
+    # Any Hugging Face causal-LM id or local folder. "bootstrap" means the folder
+    # `tuneloop bootstrap` builds (bootstrap.output_dir); it is built on first use.
+    base_model: str = "bootstrap"
+
+
+class LoraConfig(Section):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | None = None  # None: peft's default for the architecture
+
+
+class TrainingConfig(Section):
+    method: Literal["full", "lora"] = "full"
+    lora: LoraConfig = LoraConfig()
+    # Processes of one training job. 1 runs in-process-free single process; >1 launches
+    # a real multi-process job with `launcher` (gloo on CPU, NCCL on GPUs).
+    num_processes: int = Field(2, ge=1)
+    launcher: Literal["deepspeed", "torchrun"] = "torchrun"
+    # A DeepSpeed JSON (configs/deepspeed/zero{1,2,3}.json); None trains without DeepSpeed.
+    deepspeed_config: Path | None = Path("configs/deepspeed/zero2.json")
+    max_steps: int = Field(300, ge=1)
+    per_device_batch_size: int = Field(8, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_length: int = Field(256, ge=8)
+    gradient_checkpointing: bool = False
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on capable GPUs, else fp32
+    save_steps: int = Field(100, ge=1)
+    logging_steps: int = Field(10, ge=1)
+    seed: int = 42
+    # Several candidates = several trainings that differ by these overrides of this
+    # section (e.g. [{learning_rate: 1e-3}, {learning_rate: 3e-3}]); empty = one candidate.
+    candidates: list[dict[str, Any]] = []
+    # The eval metric that picks the challenger among candidates, and its direction.
+    selection_metric: str = "exact_match"
+    selection_higher_is_better: bool = True
+    output_dir: Path | None = None  # None: <home>/runs
+
+
+class EvaluationConfig(Section):
+    max_new_tokens: int = Field(32, ge=1)
+    batch_size: int = Field(16, ge=1)
+    max_examples: int | None = Field(None, ge=1)  # None: the whole eval split
+
+
+class ValueThreshold(Section):
+    lower_bound: float | None = None
+    upper_bound: float | None = None
+
+
+class ChangeThreshold(Section):
+    direction: Literal["higher_is_better", "lower_is_better"]
+    absolute: float | None = None
+    relative: float | None = None
+
+
+class MetricThreshold(Section):
+    """TFX-style: an absolute floor/ceiling and/or a required change against the champion."""
+
+    metric: str
+    value_threshold: ValueThreshold | None = None
+    change_threshold: ChangeThreshold | None = None
+
+
+class BlessingConfig(Section):
+    # No thresholds, no blessing: a model is never promoted by accident.
+    thresholds: list[MetricThreshold] = []
+
+
+class TuneloopConfig(Section):
+    paths: PathsConfig = PathsConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    prefect: PrefectConfig = PrefectConfig()
+    bento: BentoConfig = BentoConfig()
+    cache: CacheConfig = CacheConfig()
+    model: ModelConfig = ModelConfig()
+    bootstrap: BootstrapConfig = BootstrapConfig()
+    data: DataConfig = DataConfig()
+    validation: ValidationConfig = ValidationConfig()
+    training: TrainingConfig = TrainingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    blessing: BlessingConfig = BlessingConfig()
+
+    # Where this config came from; relative paths in it resolve against base_dir.
+    _source: Path | None = PrivateAttr(None)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    # ---- resolved locations (one place that knows the defaults) -------------------
+    def resolve(self, path: Path | str) -> Path:
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    @property
+    def home(self) -> Path:
+        return self.resolve(self.paths.home)
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return self.mlflow.tracking_uri or f"sqlite:///{self.home / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifact_location(self) -> str:
+        return self.mlflow.artifact_location or (self.home / "mlartifacts").as_uri()
+
+    @property
+    def bentoml_home(self) -> Path:
+        return self.resolve(self.bento.home) if self.bento.home else self.home / "bentoml"
+
+    @property
+    def data_docs_dir(self) -> Path:
+        d = self.validation.data_docs_dir
+        return self.resolve(d) if d else self.home / "validation" / "data_docs"
+
+    @property
+    def runs_dir(self) -> Path:
+        d = self.training.output_dir
+        return self.resolve(d) if d else self.home / "runs"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.home / "datasets"
+
+    @property
+    def bootstrap_dir(self) -> Path:
+        d = self.bootstrap.output_dir
+        return self.resolve(d) if d else self.home / "models" / "tiny-base"
+
+    @property
+    def base_model_ref(self) -> str:
+        """The base model as from_pretrained takes it: a local folder or a hub id."""
+        if self.model.base_model == "bootstrap":
+            return str(self.bootstrap_dir)
+        candidate = self.resolve(self.model.base_model)
+        return str(candidate) if candidate.exists() else self.model.base_model
+
+
+# Short, documented environment names -> (section, key).
+ENV_ALIASES = {
+    "TUNELOOP_HOME": ("paths", "home"),
+    "TUNELOOP_MLFLOW_URI": ("mlflow", "tracking_uri"),
+    "TUNELOOP_PREFECT_API_URL": ("prefect", "api_url"),
+    "TUNELOOP_REDIS_URL": ("cache", "redis_url"),
+    "TUNELOOP_BASE_MODEL": ("model", "base_model"),
+}
+
+
+def _env_overrides(environ: dict[str, str]) -> list[tuple[str, str, Any, str]]:
+    found = []
+    for name, (section, key) in ENV_ALIASES.items():
+        if environ.get(name):
+            found.append((section, key, environ[name], name))
+    for name, value in environ.items():
+        if name.startswith("TUNELOOP__"):
+            parts = name[len("TUNELOOP__"):].lower().split("__")
+            if len(parts) != 2:
+                raise ConfigError(f"{name}: expected TUNELOOP__<SECTION>__<KEY>")
+            found.append((parts[0], parts[1], yaml.safe_load(value), name))
+    return found
+
+
+def _format_errors(err: ValidationError, where: str) -> str:
+    lines = [f"invalid configuration in {where}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None, environ: dict[str, str] | None = None) -> TuneloopConfig:
+    """Read a YAML config (default: configs/default.yaml), apply env overrides, validate.
+
+    Raises ConfigError with the file and the offending keys named.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    if path is None:
+        path = DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+    raw: dict[str, Any] = {}
+    where = "embedded defaults"
+    base_dir = Path.cwd()
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        if not path.exists():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
+        raw = loaded
+        # Relative paths in a file under configs/ are meant relative to the project root.
+        base_dir = path.resolve().parent
+        if base_dir.name == "configs":
+            base_dir = base_dir.parent
+    for section, key, value, name in _env_overrides(environ):
+        sec = raw.setdefault(section, {})
+        if not isinstance(sec, dict):
+            raise ConfigError(f"{where}: section {section!r} must be a mapping (override {name})")
+        sec[key] = value
+    try:
+        cfg = TuneloopConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, where)) from None
+    cfg._source = Path(path) if path else None
+    cfg._base_dir = base_dir
+    return cfg
