@@ -155,6 +155,104 @@ def demo(config: Optional[Path] = ConfigOption):
     console.print("[bold green]demo complete[/]")
 
 
+@app.command()
+def train(
+    config: Optional[Path] = ConfigOption,
+    data: Optional[Path] = typer.Option(None, "--data", help="Training file (default: data.train_path)."),
+    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Explicit eval file (default: split)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+):
+    """Run the training flow: validate, fine-tune candidates, evaluate, bless, promote."""
+    cfg = _load(config)
+    _use_prefect(cfg)
+    from flows.training import ValidationFailed, training_flow
+
+    try:
+        summary = training_flow(
+            config_path=str(config) if config else None,
+            data=str(data) if data else None,
+            eval_data=str(eval_data) if eval_data else None,
+        )
+    except ValidationFailed as exc:
+        _fail(f"validation failed; nothing was trained or promoted\n{exc}", code=1)
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_training_summary(summary)
+
+
+def _use_prefect(cfg) -> None:
+    """Point Prefect at the configured server; none configured means an ephemeral one."""
+    if cfg.prefect.api_url:
+        os.environ["PREFECT_API_URL"] = cfg.prefect.api_url
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _print_training_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    ch = summary["challenger"]
+    table = Table(title=f"challenger {ch['name']} -> version {ch['version']}")
+    table.add_column("metric")
+    table.add_column("challenger", justify="right")
+    table.add_column("base", justify="right")
+    for key, value in ch["metrics"].items():
+        base = summary["base"].get(key)
+        table.add_row(key, f"{value:.4f}", f"{base:.4f}" if base is not None else "-")
+    console.print(table)
+    verdict = "[green]BLESSED[/]" if summary["blessed"] else "[yellow]not blessed[/]"
+    console.print(f"decision: {verdict}")
+    for reason in summary["reasons"]:
+        console.print(f"  - {reason}")
+    promoted = "promoted" if summary["promoted"] else "not promoted"
+    console.print(f"champion: {summary['champion_before'] or 'none'} -> {summary['champion_after'] or 'none'} ({promoted})")
+
+
+def _registry(cfg):
+    from components.registry import ModelRegistry
+    from components.tracking import setup_mlflow
+
+    setup_mlflow(cfg)
+    return ModelRegistry(cfg.mlflow_tracking_uri, cfg.mlflow.registered_model)
+
+
+@registry_app.command("history")
+def registry_history(config: Optional[Path] = ConfigOption, as_json: bool = typer.Option(False, "--json")):
+    """Who/what/when/why of every promotion and rollback."""
+    from rich.table import Table
+
+    records = _registry(_load(config)).history()
+    if as_json:
+        print(json.dumps(records, indent=2, default=str))
+        return
+    table = Table(title="promotions")
+    for col in ("when", "action", "from", "to", "who", "why"):
+        table.add_column(col)
+    for r in records:
+        table.add_row(
+            str(r.get("when", "")), str(r.get("action", "")), str(r.get("from_version") or "-"),
+            str(r.get("to_version", "")), str(r.get("actor", "")), str(r.get("reason", "")),
+        )
+    console.print(table if records else "no promotions yet")
+
+
+@registry_app.command("rollback")
+def registry_rollback(
+    config: Optional[Path] = ConfigOption,
+    reason: str = typer.Option("manual rollback", "--reason", help="Recorded in the history."),
+):
+    """Make `previous` the champion again (the current champion becomes `previous`)."""
+    import getpass
+
+    from components.registry import RegistryError
+
+    try:
+        record = _registry(_load(config)).rollback(reason=reason, actor=getpass.getuser())
+    except RegistryError as exc:
+        _fail(str(exc), code=1)
+    console.print(f"[green]rolled back:[/] champion is now version {record['to_version']} (was {record['from_version']})")
+
+
 def main():  # pragma: no cover - console entry point
     app()
 

@@ -1,0 +1,186 @@
+"""The training flow: validate -> train candidates -> evaluate -> bless -> promote.
+
+Each task is a one-line call into components/; this file only decides order, retries,
+what is logged where, and when to stop. Nothing is promoted from a failed run: a failed
+validation raises before any training, and promotion is the last step.
+
+Run it with `tuneloop train`, or as the `training` deployment in prefect.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from components.config import TuneloopConfig, load_config
+
+
+class ValidationFailed(Exception):
+    """The data gate failed; the flow stops before training."""
+
+
+@task(cache_policy=NO_CACHE)
+def prepare_base_model(cfg: TuneloopConfig) -> str:
+    from components.cli import ensure_base_model
+
+    return ensure_base_model(cfg)
+
+
+@task(cache_policy=NO_CACHE)
+def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None):
+    from components.data.dataset import prepare_dataset
+
+    prepared = prepare_dataset(cfg, train_path=data, eval_path=eval_data)
+    get_run_logger().info(prepared.summary())
+    return prepared
+
+
+@task(cache_policy=NO_CACHE)
+def validate_data(cfg: TuneloopConfig, prepared):
+    from components.cli import run_validation
+
+    report = run_validation(cfg, prepared)
+    create_markdown_artifact(
+        key="data-validation",
+        markdown=f"# Data validation: {'passed' if report.success else 'FAILED'}\n\n```\n{report.summary()}\n```\n\n"
+        f"Data Docs: `{report.data_docs_path}`",
+        description="Great Expectations gate on the training set",
+    )
+    if not report.success:
+        raise ValidationFailed(report.summary())
+    return report
+
+
+@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
+def train_candidate(spec):
+    """A real multi-process job; its log streams into this task's log. A retry resumes from the last checkpoint."""
+    from components.training.launch import launch_training
+
+    logger = get_run_logger()
+    return launch_training(spec, on_log=logger.info)
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> dict[str, Any]:
+    from components.evaluation import evaluate_model
+
+    result = evaluate_model(model_ref, examples, cfg.evaluation, progress=False)
+    get_run_logger().info("%s: %s", label, json.dumps(result.metrics, default=float))
+    return result.metrics
+
+
+@task(cache_policy=NO_CACHE)
+def champion_snapshot(cfg: TuneloopConfig):
+    """The champion as seen before evaluation: promotion later compares-and-sets against it."""
+    from components.registry import ModelRegistry
+
+    registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.mlflow.registered_model)
+    champ = registry.champion()
+    if champ is None:
+        return None, None
+    return champ.version, registry.download(champ.version)
+
+
+@task(cache_policy=NO_CACHE)
+def bless_and_promote(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics, champion_version, tags):
+    from components.blessing import bless
+    from components.registry import ModelRegistry
+
+    registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.mlflow.registered_model)
+    version = registry.register(run_id, model_dir, tags)
+    registry.set_challenger(version)
+    blessing = bless(metrics, champion_metrics, cfg.blessing.thresholds, baseline_version=champion_version)
+    registry.record_blessing(version, blessing)
+    promotion = None
+    if blessing.blessed:
+        promotion = registry.promote(
+            version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons), actor="training-flow"
+        )
+    return version, blessing, promotion
+
+
+@flow(name="training", log_prints=True)
+def training_flow(config_path: str | None = None, data: str | None = None, eval_data: str | None = None) -> dict[str, Any]:
+    """Fine-tune candidates on N processes, evaluate against base and champion, bless, promote."""
+    import mlflow
+
+    from components.report import write_report
+    from components.tracking import log_lineage, setup_mlflow
+    from components.training.launch import candidate_specs
+
+    started = time.time()
+    cfg = load_config(config_path)
+    logger = get_run_logger()
+    base_ref = prepare_base_model(cfg)
+    prepared = prepare_data(cfg, Path(data) if data else None, Path(eval_data) if eval_data else None)
+    validation = validate_data(cfg, prepared)  # raises ValidationFailed: nothing trained
+
+    setup_mlflow(cfg)
+    champion_version, champion_dir = champion_snapshot(cfg)
+    with mlflow.start_run(run_name=f"training-{prepared.fingerprint[:8]}") as parent:
+        tags = log_lineage(cfg, prepared.fingerprint, validation.to_dict())
+        run_root = cfg.runs_dir / parent.info.run_id
+        metrics_table: dict[str, dict] = {}
+        histories: dict[str, list] = {}
+
+        metrics_table["base"] = evaluate(cfg, base_ref, prepared.eval, "base")
+        if champion_dir is not None:
+            metrics_table[f"champion v{champion_version}"] = evaluate(cfg, champion_dir, prepared.eval, "champion")
+
+        candidates = []
+        for spec in candidate_specs(cfg, prepared.dir, run_root):
+            with mlflow.start_run(run_name=spec.name, nested=True) as child:
+                result = train_candidate(spec)
+                histories[spec.name] = result.train_result.get("loss_history", [])
+                for step, loss in histories[spec.name]:
+                    mlflow.log_metric("train_loss", loss, step=int(step))
+                mlflow.log_params({f"candidate.{k}": v for k, v in spec.overrides.items()} or {"candidate": "default"})
+                metrics = evaluate(cfg, str(result.model_dir), prepared.eval, spec.name)
+                mlflow.log_metrics(metrics)
+                metrics_table[spec.name] = metrics
+                candidates.append((spec, result, metrics, child.info.run_id))
+
+        key = cfg.training.selection_metric
+        better = max if cfg.training.selection_higher_is_better else min
+        spec, result, metrics, child_run = better(candidates, key=lambda c: c[2].get(key, float("nan")))
+        logger.info("challenger: %s (%s=%.4f)", spec.name, key, metrics.get(key, float("nan")))
+        mlflow.log_metrics({f"challenger.{k}": v for k, v in metrics.items()})
+
+        champion_metrics = metrics_table.get(f"champion v{champion_version}") if champion_version else None
+        version, blessing, promotion = bless_and_promote(
+            cfg, child_run, str(result.model_dir), metrics, champion_metrics, champion_version,
+            {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id},
+        )
+        report_paths = write_report(run_root / "report", histories, metrics_table, blessing)
+        for p in report_paths:
+            mlflow.log_artifact(str(p), "report")
+        summary = {
+            "run_id": parent.info.run_id,
+            "dataset_fingerprint": prepared.fingerprint,
+            "challenger": {"name": spec.name, "version": version, "metrics": metrics},
+            "base": metrics_table["base"],
+            "champion_before": champion_version,
+            "blessed": blessing.blessed,
+            "reasons": blessing.reasons,
+            "promoted": bool(promotion and promotion.promoted),
+            "champion_after": promotion.version if promotion and promotion.promoted else champion_version,
+            "seconds": round(time.time() - started, 1),
+        }
+        mlflow.log_dict(summary, "summary.json")
+
+    md = next((p for p in report_paths if str(p).endswith(".md")), None)
+    create_markdown_artifact(
+        key="training-report", markdown=Path(md).read_text() if md else json.dumps(summary, indent=2),
+        description="Candidates vs base vs champion, blessing decision",
+    )
+    create_table_artifact(
+        key="training-metrics",
+        table=[{"model": name, **{k: round(float(v), 4) for k, v in m.items()}} for name, m in metrics_table.items()],
+    )
+    return summary

@@ -1,0 +1,98 @@
+"""The config schema: defaults, env overrides, and errors that name the key and the file."""
+
+from pathlib import Path
+
+import pytest
+
+from components.config import REPO_ROOT, ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_repo_default_config_is_valid_and_local():
+    cfg = load_config(REPO_ROOT / "configs" / "default.yaml", environ={})
+    assert cfg.home == REPO_ROOT / ".tuneloop"
+    assert cfg.mlflow_tracking_uri == f"sqlite:///{REPO_ROOT / '.tuneloop' / 'mlflow.db'}"
+    assert cfg.prefect.api_url is None  # ephemeral Prefect
+    assert cfg.cache.redis_url is None  # in-process cache
+    assert cfg.bentoml_home == REPO_ROOT / ".tuneloop" / "bentoml"
+    assert cfg.base_model_ref == str(cfg.bootstrap_dir)
+    assert cfg.blessing.thresholds, "the shipped config must bless on something"
+
+
+def test_empty_file_gives_embedded_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, ""), environ={})
+    assert cfg.data.on_bad_rows == "quarantine"
+    assert cfg.home == tmp_path / ".tuneloop"  # relative paths resolve against the file's folder
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = write(tmp_path, "data:\n  eval_fractoin: 0.2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert "data.eval_fractoin: unknown key" in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_unknown_section_and_wrong_type(tmp_path):
+    path = write(tmp_path, "trainning: {}\ntraining:\n  max_steps: lots\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    msg = str(err.value)
+    assert "trainning: unknown key" in msg
+    assert "training.max_steps" in msg and "'lots'" in msg
+
+
+def test_out_of_range_and_cross_field_errors(tmp_path):
+    with pytest.raises(ConfigError, match="data.eval_fraction"):
+        load_config(write(tmp_path, "data: {eval_fraction: 1.5}\n"), environ={})
+    with pytest.raises(ConfigError, match="divisible"):
+        load_config(write(tmp_path, "bootstrap: {n_embd: 100, n_head: 3}\n"), environ={})
+
+
+def test_not_a_mapping_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"), environ={})
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "data: [unclosed\n"), environ={})
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml", environ={})
+
+
+def test_environment_overrides(tmp_path):
+    path = write(tmp_path, "data: {seed: 1}\n")
+    cfg = load_config(
+        path,
+        environ={
+            "TUNELOOP_MLFLOW_URI": "http://127.0.0.1:5000",
+            "TUNELOOP_REDIS_URL": "redis://127.0.0.1:6379/0",
+            "TUNELOOP_HOME": str(tmp_path / "state"),
+            "TUNELOOP__DATA__SEED": "7",
+            "TUNELOOP__TRAINING__METHOD": "lora",
+        },
+    )
+    assert cfg.mlflow_tracking_uri == "http://127.0.0.1:5000"
+    assert cfg.cache.redis_url == "redis://127.0.0.1:6379/0"
+    assert cfg.home == tmp_path / "state"
+    assert cfg.data.seed == 7
+    assert cfg.training.method == "lora"
+
+
+def test_bad_environment_override_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError, match="training.max_steps"):
+        load_config(write(tmp_path, ""), environ={"TUNELOOP__TRAINING__MAX_STEPS": "-3"})
+    with pytest.raises(ConfigError, match="TUNELOOP__DATA"):
+        load_config(write(tmp_path, ""), environ={"TUNELOOP__DATA": "x"})
+
+
+def test_blessing_thresholds_are_typed(tmp_path):
+    path = write(
+        tmp_path,
+        "blessing:\n  thresholds:\n    - metric: exact_match\n      change_threshold: {direction: sideways}\n",
+    )
+    with pytest.raises(ConfigError, match="direction"):
+        load_config(path, environ={})
