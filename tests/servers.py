@@ -1,0 +1,75 @@
+"""Start real services for tests on 127.0.0.1 (free ports), wait until ready, stop after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"process exited ({proc.returncode}) before {url} was ready:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status < 500:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    tail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise TimeoutError(f"{url} not ready after {timeout}s:\n{tail}")
+
+
+@contextmanager
+def service(cmd: list[str], ready_url: str, log: Path, env: dict | None = None, timeout: float = 120, cwd=None):
+    """Run cmd in its own process group; yield once ready_url answers; kill the group after."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            start_new_session=True, cwd=cwd,
+        )
+    try:
+        wait_http(ready_url, timeout, proc, log)
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@contextmanager
+def prefect_server(tmp: Path):
+    """A real `prefect server start` (SQLite) on a free port; yields the env that points clients at it."""
+    port = free_port()
+    env = {
+        "PREFECT_HOME": str(tmp / "prefect-home"),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+    }
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    with service(cmd, f"http://127.0.0.1:{port}/api/health", tmp / "prefect-server.log", env=env, timeout=150):
+        yield env
