@@ -1,0 +1,28 @@
+"""Shared test setup: import the project from the checkout, never touch the network."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# The package may not be pip-installed (CI runs pytest from the checkout).
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# No hub downloads in tests: offline machines fail slowly otherwise (retries).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real public datasets kept next to the checkout (../shared/data), or a skip."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real test data not present at {SHARED_DATA}")
+    return SHARED_DATA
