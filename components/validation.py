@@ -1,0 +1,488 @@
+"""Validation gate: is this dataset fit to train on? (Great Expectations 1.x)
+
+One pandas DataFrame, one row per example (train and eval together, told apart by
+`split`), one ExpectationSuite, run through a ValidationDefinition and a Checkpoint on an
+ephemeral GX context. Every expectation reports the ids of the examples that fail it
+(result_format COMPLETE + unexpected_index_column_names=["example_id"]), and the Data
+Docs site is written to a folder we choose, not GX's temp dir.
+
+Where GX has no native check (duplicates of an earlier row, train->eval leakage, secrets,
+PII, rare labels) the check is precomputed here into a column that is null when the row
+is fine and says what is wrong otherwise ("duplicate of train.jsonl:3", "openai_api_key",
+"card_number"), and GX expects that column to be null. Two reasons besides the missing
+native checks: the Data Docs and the report then show *what* was found, and they never
+copy a planted secret or a card number into HTML pages or MLflow artifacts (a regex
+expectation on the completion column would list the completion itself as the
+unexpected value).
+
+Thresholds come from ValidationConfig. Checks that cannot run (no tokenizer given, no
+eval split, completions that are free text rather than class labels) are skipped and the
+report says why.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from components.config import ValidationConfig
+from components.data.schema import Example
+
+# The report lists at most this many failing ids per expectation (the count is exact).
+MAX_LISTED_IDS = 50
+
+SITE_NAME = "tuneloop"
+SUITE_NAME = "tuneloop-dataset"
+
+
+# ---------------------------------------------------------------------------------------
+# Secrets and PII: plain functions, also usable on model outputs when monitoring.
+# Patterns aim at few false alarms: a validation gate that cries wolf gets switched off.
+
+_SECRET_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("private_key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")),
+    ("openai_api_key", re.compile(r"(?<![\w-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}")),
+    ("aws_access_key_id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("github_token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})\b")),
+    ("slack_token", re.compile(r"\bxox[abprse]-[A-Za-z0-9-]{10,}")),
+    ("stripe_key", re.compile(r"\b[sr]k_live_[A-Za-z0-9]{16,}")),
+    ("google_api_key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
+]
+# "api_key = 9f8a...": a value labelled key/secret/token/password; flagged only when the
+# value looks random (see _looks_random), so `token: <placeholder>` prose passes.
+_LABELLED_SECRET = re.compile(
+    r"(?i)(?:api[_-]?key|secret|token|passw(?:or)?d|access[_-]?key|auth)[\w-]*[\"']?\s*[:=]\s*"
+    r"(?:bearer\s+)?[\"']?([A-Za-z0-9_\-+/.=]{16,})"
+)
+
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+# 13-19 digits, optionally grouped by spaces or dashes; Luhn and issuer prefix checked after.
+_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
+# International numbers only (leading +): national formats collide with ids, dates, amounts.
+_PHONE = re.compile(r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w])")
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){3,9}\b")
+
+
+def _entropy(s: str) -> float:
+    """Shannon entropy in bits per character."""
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
+
+
+def _looks_random(value: str) -> bool:
+    # Random keys mix letters and digits and use many distinct characters; words,
+    # placeholders ("your_api_key_here") and repeated characters do not.
+    return (
+        any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
+        and _entropy(value) >= 3.5
+    )
+
+
+def find_secrets(text: str) -> list[str]:
+    """Kinds of credentials found in `text` (e.g. ["openai_api_key"]), sorted; [] if none."""
+    found = {kind for kind, pattern in _SECRET_PATTERNS if pattern.search(text)}
+    for m in _LABELLED_SECRET.finditer(text):
+        value = m.group(1)
+        # A value a specific pattern already named is not reported a second time.
+        if _looks_random(value) and not any(p.search(value) for _, p in _SECRET_PATTERNS):
+            found.add("labelled_secret")
+    return sorted(found)
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _is_card_number(candidate: str) -> bool:
+    digits = re.sub(r"\D", "", candidate)
+    # Issuer prefixes (Visa 4, Mastercard 2/5, Amex 34/37, Discover/UnionPay 6, JCB/Diners 3):
+    # together with Luhn this stops most order numbers and timestamps from matching.
+    return 13 <= len(digits) <= 19 and digits[0] in "23456" and _luhn_ok(digits)
+
+
+def _iban_ok(candidate: str) -> bool:
+    # ISO 13616: move the first 4 characters to the end, letters -> 10..35, mod 97 == 1.
+    s = candidate[4:] + candidate[:4]
+    return 15 <= len(candidate) <= 34 and int("".join(str(int(c, 36)) for c in s)) % 97 == 1
+
+
+def _has_iban(text: str) -> bool:
+    for m in _IBAN.finditer(text):
+        # The pattern may run into following words ("... 3000 AND"): try shorter prefixes.
+        groups = m.group(0).split(" ")
+        for k in range(len(groups), 0, -1):
+            if _iban_ok("".join(groups[:k])):
+                return True
+    return False
+
+
+def find_pii(text: str) -> list[str]:
+    """Kinds of personal data found in `text` (email, card_number, phone, iban), sorted."""
+    found = set()
+    if _EMAIL.search(text):
+        found.add("email")
+    if any(_is_card_number(m.group(0)) for m in _CARD.finditer(text)):
+        found.add("card_number")
+    if any(8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 for m in _PHONE.finditer(text)):
+        found.add("phone")
+    if _has_iban(text):
+        found.add("iban")
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass
+class ExpectationOutcome:
+    name: str  # in the user's words: "completion has no secrets"
+    column: str  # the DataFrame column GX checked
+    success: bool
+    unexpected_count: int
+    checked_count: int  # rows the expectation applied to
+    failing_example_ids: list[str]  # first MAX_LISTED_IDS; unexpected_count is exact
+    failing_values: list[Any]  # what was wrong with each listed example, same order
+    threshold: str
+    expectation_type: str = ""
+    error: str | None = None  # GX raised instead of evaluating
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class ValidationReport:
+    success: bool
+    expectations: list[ExpectationOutcome]
+    skipped: dict[str, str] = field(default_factory=dict)  # check name -> why it did not run
+    data_docs_path: Path | None = None  # the site's index.html
+    n_train: int = 0
+    n_eval: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[ExpectationOutcome]:
+        return [e for e in self.expectations if not e.success]
+
+    def summary(self) -> str:
+        verdict = "PASSED" if self.success else f"FAILED ({len(self.failures)} of {len(self.expectations)} checks)"
+        lines = [f"Dataset validation {verdict}: {self.n_train} train + {self.n_eval} eval examples"]
+        for e in self.expectations:
+            if e.success:
+                extra = f" ({e.unexpected_count} tolerated)" if e.unexpected_count else ""
+                lines.append(f"  PASS {e.name} [{e.threshold}]{extra}")
+                continue
+            if e.error:
+                lines.append(f"  FAIL {e.name}: GX error: {e.error}")
+                continue
+            lines.append(
+                f"  FAIL {e.name} [{e.threshold}]: {e.unexpected_count} of {e.checked_count} examples"
+            )
+            for ex_id, value in zip(e.failing_example_ids[:10], e.failing_values[:10]):
+                lines.append(f"       {ex_id}: {value}")
+            if e.unexpected_count > 10:
+                lines.append(f"       ... and {e.unexpected_count - 10} more (see report / Data Docs)")
+        for name, why in self.skipped.items():
+            lines.append(f"  SKIP {name}: {why}")
+        if self.data_docs_path:
+            lines.append(f"Data Docs: {self.data_docs_path}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "success": self.success,
+            "n_train": self.n_train,
+            "n_eval": self.n_eval,
+            "seconds": round(self.seconds, 3),
+            "expectations": [e.to_dict() for e in self.expectations],
+            "skipped": dict(self.skipped),
+            "data_docs_path": str(self.data_docs_path) if self.data_docs_path else None,
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# The DataFrame
+
+
+def example_text(ex: Example) -> str:
+    """The whole example as one text, for token counting (prompt side, then completion)."""
+    prompt = ex.prompt_text
+    return f"{prompt}\n{ex.completion}" if prompt else ex.completion
+
+
+def _blank_to_none(text: str | None) -> str | None:
+    return text if text and text.strip() else None
+
+
+def _label_stats(train: list[Example], cfg: ValidationConfig) -> tuple[Counter[str] | None, str]:
+    """Counter of labels when train completions look like class labels, else (None, why)."""
+    labels = [c.strip() for c in (ex.completion for ex in train) if c and c.strip()]
+    counts = Counter(labels)
+    if not labels:
+        return None, "no non-empty completions"
+    if len(counts) > cfg.label_max_classes:
+        return None, f"completions are free text ({len(counts)} distinct values > label_max_classes={cfg.label_max_classes})"
+    longest = max(counts, key=len)
+    if len(longest) > cfg.label_max_chars:
+        return None, f"completions are free text (a completion has {len(longest)} chars > label_max_chars={cfg.label_max_chars})"
+    if len(counts) == len(labels):
+        # Every completion unique: nothing repeats, so these are answers, not classes.
+        return None, "completions are free text (no completion repeats)"
+    return counts, ""
+
+
+def build_frame(
+    train: list[Example],
+    eval: list[Example],
+    count_tokens: Callable[[str], int] | None,
+    labels: Counter[str] | None = None,
+):
+    """One row per example with the columns the expectations check."""
+    import pandas as pd
+
+    rows = []
+    first_seen: dict[str, str] = {}  # content hash -> id of its first occurrence
+    train_prompts: dict[str, str] = {}  # prompt hash -> id of a train example with it
+    for ex in train:
+        train_prompts.setdefault(ex.prompt_hash, ex.example_id)
+    for split, examples in (("train", train), ("eval", eval)):
+        for ex in examples:
+            prompt = _blank_to_none(ex.prompt_text)
+            completion = _blank_to_none(ex.completion)
+            content_hash, prompt_hash = ex.content_hash, ex.prompt_hash
+            duplicate_of = first_seen.get(content_hash)
+            first_seen.setdefault(content_hash, ex.example_id)
+            leaked = train_prompts.get(prompt_hash) if split == "eval" and prompt else None
+            secrets = find_secrets(ex.completion) if completion else []
+            pii = find_pii(ex.completion) if completion else []
+            row = {
+                "split": split,
+                "example_id": ex.example_id,
+                "prompt_text": prompt,
+                "completion": completion,
+                # None for blank text: the not-blank check reports it once, not twice.
+                "prompt_chars": len(ex.prompt_text) if prompt else None,
+                "completion_chars": len(ex.completion) if completion else None,
+                "content_hash": content_hash,
+                "prompt_hash": prompt_hash,
+                "duplicate_of": f"duplicate of {duplicate_of}" if duplicate_of else None,
+                "eval_prompt_in_train": f"prompt also in train {leaked}" if leaked else None,
+                "secrets_found": ", ".join(secrets) or None,
+                "pii_found": ", ".join(pii) or None,
+            }
+            if count_tokens is not None:
+                row["example_tokens"] = int(count_tokens(example_text(ex)))
+            if labels is not None:
+                row["label"] = completion.strip() if split == "train" and completion else None
+            rows.append(row)
+    # object dtype keeps ints as ints and None as None (float NaN would print "12.0").
+    return pd.DataFrame(rows, dtype=object)
+
+
+# ---------------------------------------------------------------------------------------
+# The suite
+
+
+@dataclass
+class _Check:
+    name: str
+    column: str
+    threshold: str
+    expectation: Any  # a GX expectation instance
+
+
+def _fraction(x: float) -> str:
+    return "none" if x == 0 else f"up to {x:.1%}"
+
+
+def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_eval: int) -> list[_Check]:
+    import great_expectations.expectations as gxe
+    from great_expectations.expectations.row_conditions import Column
+
+    checks: list[_Check] = []
+
+    def add(name: str, column: str, threshold: str, cls, **kwargs) -> None:
+        exp = cls(column=column, description=f"{name} ({threshold})", meta={"tuneloop_name": name}, **kwargs)
+        checks.append(_Check(name, column, threshold, exp))
+
+    if cfg.min_prompt_chars > 0:
+        add("prompt is not empty", "prompt_text", "no blank prompts", gxe.ExpectColumnValuesToNotBeNull)
+    add("completion is not empty", "completion", "no blank completions", gxe.ExpectColumnValuesToNotBeNull)
+    add(
+        "prompt length in characters", "prompt_chars",
+        f"{cfg.min_prompt_chars}..{cfg.max_prompt_chars} chars",
+        gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_prompt_chars, max_value=cfg.max_prompt_chars,
+    )
+    add(
+        "completion length in characters", "completion_chars",
+        f"{cfg.min_completion_chars}..{cfg.max_completion_chars} chars",
+        gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_completion_chars, max_value=cfg.max_completion_chars,
+    )
+    if "example_tokens" in frame.columns:
+        add(
+            "example length in tokens", "example_tokens", f"{cfg.min_tokens}..{cfg.max_tokens} tokens",
+            gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_tokens, max_value=cfg.max_tokens,
+        )
+    # Duplicates: the first occurrence is fine, each later copy counts (the config's
+    # "duplicate of an earlier row"); ExpectColumnValuesToBeUnique would flag both.
+    add(
+        "no duplicate examples", "duplicate_of", f"duplicates: {_fraction(cfg.max_duplicate_fraction)}",
+        gxe.ExpectColumnValuesToBeNull, mostly=1.0 - cfg.max_duplicate_fraction,
+    )
+    if n_eval:
+        # Only eval rows are checked, so `mostly` is a fraction of the eval split.
+        add(
+            "eval prompts not seen in train", "eval_prompt_in_train",
+            f"leaked eval rows: {_fraction(cfg.max_leakage_fraction)}",
+            gxe.ExpectColumnValuesToBeNull, mostly=1.0 - cfg.max_leakage_fraction,
+            row_condition=Column("split") == "eval",
+        )
+    if cfg.check_secrets:
+        add("completion has no secrets", "secrets_found", "API keys, tokens, private keys: none",
+            gxe.ExpectColumnValuesToBeNull)
+    if cfg.check_pii:
+        add("completion has no personal data", "pii_found", "emails, card numbers, phones, IBANs: none",
+            gxe.ExpectColumnValuesToBeNull)
+    if labels is not None:
+        total = sum(labels.values())
+        common = sorted(lab for lab, n in labels.items() if n / total >= cfg.min_label_share)
+        shares = ", ".join(f"{lab} {n / total:.1%}" for lab, n in labels.most_common())
+        add(
+            "labels are balanced", "label", f"each label >= {cfg.min_label_share:.1%} of train; {shares}",
+            gxe.ExpectColumnValuesToBeInSet, value_set=common, row_condition=Column("split") == "train",
+        )
+    return checks
+
+
+def _outcome(check: _Check, result) -> ExpectationOutcome:
+    r = result.result or {}
+    info = result.exception_info or {}
+    error = info.get("exception_message") if info.get("raised_exception") else None
+    index = r.get("unexpected_index_list") or []
+    listed = index[:MAX_LISTED_IDS]
+    return ExpectationOutcome(
+        name=check.name,
+        column=check.column,
+        success=bool(result.success),
+        unexpected_count=int(r.get("unexpected_count") or 0),
+        checked_count=int(r.get("element_count") or 0) - int(r.get("missing_count") or 0),
+        failing_example_ids=[str(row["example_id"]) for row in listed],
+        failing_values=[row.get(check.column) for row in listed],
+        threshold=check.threshold,
+        expectation_type=result.expectation_config.type,
+        error=error,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def validate_dataset(
+    train: list[Example],
+    eval: list[Example],
+    cfg: ValidationConfig,
+    count_tokens: Callable[[str], int] | None,
+    data_docs_dir: Path,
+) -> ValidationReport:
+    """Run the validation suite on train + eval; write Data Docs under data_docs_dir.
+
+    count_tokens: the base model's tokenizer as text -> token count, or None to skip the
+    token-length check (the report says so). Nothing is raised for bad data: the report's
+    `success` is the gate. ValueError only for an empty training set (nothing to check).
+    """
+    if not train:
+        raise ValueError("validate_dataset: the training split is empty, nothing to validate")
+    started = time.perf_counter()
+
+    import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    skipped: dict[str, str] = {}
+    if count_tokens is None:
+        skipped["example length in tokens"] = "no tokenizer given (count_tokens=None)"
+    if not eval:
+        skipped["eval prompts not seen in train"] = "no eval examples"
+    if not cfg.check_secrets:
+        skipped["completion has no secrets"] = "check_secrets is off"
+    if not cfg.check_pii:
+        skipped["completion has no personal data"] = "check_pii is off"
+    if cfg.min_prompt_chars == 0:
+        skipped["prompt is not empty"] = "min_prompt_chars is 0 (empty prompts allowed)"
+    labels, why_not_labels = _label_stats(train, cfg)
+    if labels is None:
+        skipped["labels are balanced"] = why_not_labels
+
+    frame = build_frame(train, eval, count_tokens, labels)
+    checks = _build_checks(cfg, frame, labels, len(eval))
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)  # no tqdm spam per run
+    # The ephemeral context's default site writes to a fresh temp dir; use the known folder.
+    data_docs_dir = Path(data_docs_dir).resolve()
+    data_docs_dir.mkdir(parents=True, exist_ok=True)
+    for site in list(context.list_data_docs_sites()):
+        context.delete_data_docs_site(site)
+    context.add_data_docs_site(
+        SITE_NAME,
+        {
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(data_docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        },
+    )
+
+    batch_definition = (
+        context.data_sources.add_pandas("tuneloop")
+        .add_dataframe_asset("examples")
+        .add_batch_definition_whole_dataframe("all examples")
+    )
+    suite = context.suites.add(gx.ExpectationSuite(name=SUITE_NAME))
+    for check in checks:
+        suite.add_expectation(check.expectation)
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name="dataset", data=batch_definition, suite=suite)
+    )
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(
+            name="validation-gate",
+            validation_definitions=[definition],
+            actions=[UpdateDataDocsAction(name="data_docs", site_names=[SITE_NAME])],
+            result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["example_id"]},
+        )
+    )
+    result = checkpoint.run(batch_parameters={"dataframe": frame})
+
+    # Match results to our checks by the name we stored in meta (GX keeps suite order,
+    # but the name is the contract).
+    by_name = {c.name: c for c in checks}
+    outcomes = []
+    for suite_result in result.run_results.values():
+        for r in suite_result.results:
+            outcomes.append(_outcome(by_name[r.expectation_config.meta["tuneloop_name"]], r))
+    order = {c.name: i for i, c in enumerate(checks)}
+    outcomes.sort(key=lambda o: order[o.name])
+
+    index = data_docs_dir / "index.html"
+    return ValidationReport(
+        success=all(o.success for o in outcomes),
+        expectations=outcomes,
+        skipped=skipped,
+        data_docs_path=index if index.exists() else None,
+        n_train=len(train),
+        n_eval=len(eval),
+        seconds=time.perf_counter() - started,
+    )
