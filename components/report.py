@@ -1,0 +1,163 @@
+"""The run report: one markdown page and two plots a person reads to trust a promotion.
+
+- summary.md: the metric table (challenger vs champion vs base vs other candidates), the
+  blessing decision and every reason behind it.
+- training_loss.png: loss curve(s) of the candidate trainings.
+- metrics_comparison.png: one small panel per metric (their scales differ too much for a
+  shared axis), one bar per model.
+
+The flow logs these files to MLflow and publishes them as Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from components.blessing import Blessing
+
+# Shown first and in this order; any other numeric metric follows alphabetically.
+METRIC_ORDER = [
+    "exact_match", "token_f1", "rouge_l", "eval_loss", "perplexity", "ms_per_token", "tokens_per_second",
+]
+# Bookkeeping counts: in the table, not worth a plot panel.
+NOT_PLOTTED = {"num_examples", "eval_tokens", "generated_tokens", "prompts_truncated"}
+LOWER_IS_BETTER = {"eval_loss", "perplexity", "ms_per_token"}
+
+
+def _points(history: Any) -> list[tuple[float, float]]:
+    """(step, loss) pairs from a list of losses, of (step, loss) pairs, or of HF log_history dicts."""
+    points = []
+    for i, item in enumerate(history or []):
+        if isinstance(item, dict):
+            if "loss" not in item:  # eval/summary entries in a Trainer log_history
+                continue
+            step, loss = item.get("step", i), item["loss"]
+        elif isinstance(item, (tuple, list)):
+            step, loss = item
+        else:
+            step, loss = i, item
+        points.append((float(step), float(loss)))
+    return points
+
+
+def _metric_names(table: dict[str, dict[str, float]]) -> list[str]:
+    present = {m for metrics in table.values() for m, v in metrics.items() if isinstance(v, (int, float))}
+    return [m for m in METRIC_ORDER if m in present] + sorted(present - set(METRIC_ORDER))
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 1:
+        return f"{int(v)}"
+    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
+
+
+def metrics_markdown(table: dict[str, dict[str, float]]) -> str:
+    labels = list(table)
+    lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for m in _metric_names(table):
+        arrow = " ↓" if m in LOWER_IS_BETTER else ""
+        lines.append(f"| {m}{arrow} | " + " | ".join(_cell(table[label].get(m)) for label in labels) + " |")
+    return "\n".join(lines)
+
+
+def _plot_losses(histories: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, history in histories.items():
+        pts = _points(history)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="." if len(pts) < 30 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Training loss")
+    ax.grid(alpha=0.3)
+    if histories:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_metrics(table: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    names = [m for m in _metric_names(table) if m not in NOT_PLOTTED] or ["(no metrics)"]
+    cols = min(4, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    labels = list(table)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, m in zip(axes.flat, names):
+        values = [table[label].get(m) for label in labels]
+        heights = [v if isinstance(v, (int, float)) and math.isfinite(v) else 0.0 for v in values]
+        ax.bar(range(len(labels)), heights, color=[colors[i % len(colors)] for i in range(len(labels))])
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(m + (" (lower is better)" if m in LOWER_IS_BETTER else ""), fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(
+    out_dir: Path | str,
+    train_loss_histories: dict[str, Any] | Iterable[Any] | None,
+    metrics_table: dict[str, dict[str, float]],
+    blessing: Blessing | None,
+    title: str = "tuneloop run report",
+) -> dict[str, Path]:
+    """Write summary.md, training_loss.png and metrics_comparison.png into out_dir.
+
+    train_loss_histories: {label: history} or one history; a history is a list of losses,
+    of (step, loss) pairs, or a Trainer log_history. metrics_table: {model label: metrics},
+    e.g. {"challenger": ..., "champion": ..., "base": ..., "candidate lr=3e-3": ...}.
+    Returns {"summary": path, "training_loss": path, "metrics_comparison": path}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display (CI, servers, workers)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if train_loss_histories is None:
+        histories: dict[str, Any] = {}
+    elif isinstance(train_loss_histories, dict):
+        histories = train_loss_histories
+    else:
+        histories = {"training": list(train_loss_histories)}
+
+    paths = {
+        "summary": out / "summary.md",
+        "training_loss": out / "training_loss.png",
+        "metrics_comparison": out / "metrics_comparison.png",
+    }
+    _plot_losses(histories, paths["training_loss"])
+    _plot_metrics(metrics_table, paths["metrics_comparison"])
+
+    md = [f"# {title}", ""]
+    if blessing is None:
+        md += ["**Decision:** not evaluated for promotion.", ""]
+    else:
+        verdict = "BLESSED" if blessing.blessed else "NOT BLESSED"
+        against = f"champion v{blessing.baseline_version}" if blessing.baseline_version else "no champion (first model)"
+        md += [f"**Decision:** {verdict} (compared against {against})", "", "Reasons:", ""]
+        md += [f"- {r}" for r in blessing.reasons] or ["- (none)"]
+        md.append("")
+    md += ["## Metrics", "", metrics_markdown(metrics_table) if metrics_table else "(no metrics)", ""]
+    finals = {label: _points(h)[-1][1] for label, h in histories.items() if _points(h)}
+    if finals:
+        md += ["## Training", "", "| run | final training loss |", "|---|---|"]
+        md += [f"| {label} | {loss:.4g} |" for label, loss in finals.items()]
+        md.append("")
+    md += ["![training loss](training_loss.png)", "", "![metrics](metrics_comparison.png)", ""]
+    paths["summary"].write_text("\n".join(md))
+    return paths
