@@ -221,7 +221,7 @@ def registry_history(config: Optional[Path] = ConfigOption, as_json: bool = type
     """Who/what/when/why of every promotion and rollback."""
     from rich.table import Table
 
-    records = _registry(_load(config)).history()
+    records = [r.to_dict() for r in _registry(_load(config)).history()]
     if as_json:
         print(json.dumps(records, indent=2, default=str))
         return
@@ -230,7 +230,7 @@ def registry_history(config: Optional[Path] = ConfigOption, as_json: bool = type
         table.add_column(col)
     for r in records:
         table.add_row(
-            str(r.get("when", "")), str(r.get("action", "")), str(r.get("from_version") or "-"),
+            str(r.get("at", "")), str(r.get("action", "")), str(r.get("from_version") or "-"),
             str(r.get("to_version", "")), str(r.get("actor", "")), str(r.get("reason", "")),
         )
     console.print(table if records else "no promotions yet")
@@ -247,10 +247,10 @@ def registry_rollback(
     from components.registry import RegistryError
 
     try:
-        record = _registry(_load(config)).rollback(reason=reason, actor=getpass.getuser())
+        result = _registry(_load(config)).rollback(reason=reason, actor=getpass.getuser())
     except RegistryError as exc:
         _fail(str(exc), code=1)
-    console.print(f"[green]rolled back:[/] champion is now version {record['to_version']} (was {record['from_version']})")
+    console.print(f"[green]rolled back:[/] champion is now version {result.version} (was {result.previous})")
 
 
 def main():  # pragma: no cover - console entry point

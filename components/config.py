@@ -7,7 +7,9 @@ file (or no file at all) gives the local, single-machine setup.
 
 Environment variables override the file, after it is read:
   TUNELOOP_HOME, TUNELOOP_MLFLOW_URI, TUNELOOP_PREFECT_API_URL, TUNELOOP_REDIS_URL,
-  TUNELOOP_BASE_MODEL, and generically TUNELOOP__<SECTION>__<KEY>=value
+  TUNELOOP_BASE_MODEL, TUNELOOP_SERVE_MODEL_DIR, TUNELOOP_SERVE_MODEL_NAME,
+  TUNELOOP_SERVE_MODEL_VERSION, TUNELOOP_SERVE_ENGINE, and generically
+  TUNELOOP__<SECTION>__<KEY>=value
   (for example TUNELOOP__DATA__SEED=7; values are parsed as YAML scalars).
 """
 
@@ -74,7 +76,7 @@ class ValidationConfig(Section):
     # Bounds on the whole example rendered as training text, in tokens of the base
     # model's tokenizer: too long would be truncated in training, silently.
     min_tokens: int = Field(2, ge=0)
-    max_tokens: int = Field(512, ge=1)
+    max_tokens: int = Field(256, ge=1)  # keep <= training.max_length: longer rows lose their answer
     # Fraction of rows allowed to be exact duplicates of an earlier row (0 = none).
     max_duplicate_fraction: float = Field(0.0, ge=0.0, le=1.0)
     # Fraction of eval rows whose prompt also appears in train (leakage).
@@ -187,6 +189,41 @@ class BlessingConfig(Section):
     thresholds: list[MetricThreshold] = []
 
 
+class ServingConfig(Section):
+    """The OpenAI-compatible model server (bentos/service.py, engines in components/serving)."""
+
+    # adaptive: BentoML adaptive batching over left-padded batched generate (request-level
+    # batches). continuous: transformers' continuous batching (requests join and leave the
+    # running batch every step).
+    engine: Literal["adaptive", "continuous"] = "continuous"
+    # The model folder served. None: the base model (model.base_model). A packaged bento
+    # sets bento_model instead (a BentoML model tag); it wins over model_dir.
+    model_dir: Path | None = None
+    bento_model: str | None = None
+    # What /v1/models lists and requests name: id "<model_name>:<model_version>", plus aliases.
+    model_name: str = "tuneloop-chat"
+    model_version: str = "local"
+    aliases: list[str] = []
+    # adaptive engine: largest batch, and BentoML's latency budget. BentoML drops (503)
+    # queued requests it predicts will exceed max_latency_ms, so this is the worst
+    # acceptable queueing + generation time, not a batching window.
+    max_batch_size: int = Field(32, ge=2)
+    max_latency_ms: int = Field(60000, ge=1)
+    # continuous engine: KV-cache blocks (page_size tokens each) and tokens per step.
+    # Both explicit: transformers' defaults size the cache from system RAM.
+    num_blocks: int = Field(256, ge=1)
+    page_size: int = Field(32, ge=4)
+    max_batch_tokens: int = Field(512, ge=16)
+    # Admission: requests queued + running per worker; beyond it 429 with Retry-After.
+    max_concurrency: int = Field(512, ge=1)
+    retry_after_s: int = Field(1, ge=0)
+    request_timeout_s: float = Field(120.0, gt=0)  # per request, then 504
+    default_max_tokens: int = Field(64, ge=1)  # when a request gives no max_tokens
+    max_tokens_limit: int = Field(256, ge=1)  # larger max_tokens is a 400
+    warmup_requests: int = Field(12, ge=0)
+    num_threads: int | None = Field(None, ge=1)  # torch intra-op threads; None: torch's default
+
+
 class TuneloopConfig(Section):
     paths: PathsConfig = PathsConfig()
     mlflow: MlflowConfig = MlflowConfig()
@@ -200,6 +237,7 @@ class TuneloopConfig(Section):
     training: TrainingConfig = TrainingConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     blessing: BlessingConfig = BlessingConfig()
+    serving: ServingConfig = ServingConfig()
 
     # Where this config came from; relative paths in it resolve against base_dir.
     _source: Path | None = PrivateAttr(None)
@@ -269,6 +307,10 @@ ENV_ALIASES = {
     "TUNELOOP_PREFECT_API_URL": ("prefect", "api_url"),
     "TUNELOOP_REDIS_URL": ("cache", "redis_url"),
     "TUNELOOP_BASE_MODEL": ("model", "base_model"),
+    "TUNELOOP_SERVE_MODEL_DIR": ("serving", "model_dir"),
+    "TUNELOOP_SERVE_MODEL_NAME": ("serving", "model_name"),
+    "TUNELOOP_SERVE_MODEL_VERSION": ("serving", "model_version"),
+    "TUNELOOP_SERVE_ENGINE": ("serving", "engine"),
 }
 
 

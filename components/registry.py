@@ -266,6 +266,16 @@ class ModelRegistry:
         )
         return str(mv.version)
 
+    def download(self, version: str | int, dst: Path | str | None = None) -> Path:
+        """A local folder holding the version's model files (for evaluation and packaging)."""
+        import mlflow.artifacts
+
+        info = self.version(version)
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=info.source, dst_path=str(dst) if dst else None, tracking_uri=self.tracking_uri
+        )
+        return Path(local)
+
     def set_challenger(self, version: str | int) -> None:
         self.version(version)  # clear error for an unknown version
         self.client.set_registered_model_alias(self.name, CHALLENGER, str(version))

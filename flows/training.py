@@ -80,7 +80,7 @@ def champion_snapshot(cfg: TuneloopConfig):
     """The champion as seen before evaluation: promotion later compares-and-sets against it."""
     from components.registry import ModelRegistry
 
-    registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.mlflow.registered_model)
+    registry = ModelRegistry.from_config(cfg)
     champ = registry.champion()
     if champ is None:
         return None, None
@@ -89,20 +89,27 @@ def champion_snapshot(cfg: TuneloopConfig):
 
 @task(cache_policy=NO_CACHE)
 def bless_and_promote(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics, champion_version, tags):
+    """Register the challenger, record the blessing, and promote compare-and-set against the champion seen at the start."""
     from components.blessing import bless
-    from components.registry import ModelRegistry
+    from components.registry import ModelRegistry, PromotionConflict
 
-    registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.mlflow.registered_model)
-    version = registry.register(run_id, model_dir, tags)
+    logger = get_run_logger()
+    registry = ModelRegistry.from_config(cfg)
+    version = registry.register(run_id, model_dir, tags=tags)
     registry.set_challenger(version)
     blessing = bless(metrics, champion_metrics, cfg.blessing.thresholds, baseline_version=champion_version)
     registry.record_blessing(version, blessing)
-    promotion = None
+    promotion, refused = None, None
     if blessing.blessed:
-        promotion = registry.promote(
-            version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons), actor="training-flow"
-        )
-    return version, blessing, promotion
+        try:
+            promotion = registry.promote(
+                version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons),
+                actor="training-flow",
+            )
+        except PromotionConflict as exc:
+            refused = str(exc)  # someone else promoted meanwhile: never double-promote
+            logger.warning("promotion refused: %s", exc)
+    return version, blessing, promotion, refused
 
 
 @flow(name="training", log_prints=True)
@@ -153,7 +160,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         mlflow.log_metrics({f"challenger.{k}": v for k, v in metrics.items()})
 
         champion_metrics = metrics_table.get(f"champion v{champion_version}") if champion_version else None
-        version, blessing, promotion = bless_and_promote(
+        version, blessing, promotion, refused = bless_and_promote(
             cfg, child_run, str(result.model_dir), metrics, champion_metrics, champion_version,
             {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id},
         )
@@ -169,6 +176,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             "blessed": blessing.blessed,
             "reasons": blessing.reasons,
             "promoted": bool(promotion and promotion.promoted),
+            "promotion_refused": refused,
             "champion_after": promotion.version if promotion and promotion.promoted else champion_version,
             "seconds": round(time.time() - started, 1),
         }
