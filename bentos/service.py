@@ -1,0 +1,222 @@
+"""The tuneloop model server: an OpenAI-compatible API as a BentoML service.
+
+    bentoml serve bentos.service:TuneloopLLM --port 3000
+
+Configuration (read when this module is imported, so the BentoML decorators get it):
+the YAML named by TUNELOOP_CONFIG (default configs/default.yaml), section `serving`
+(components/config.py: ServingConfig), plus environment overrides:
+
+    TUNELOOP_SERVE_MODEL_DIR       Hugging Face model folder to serve
+    TUNELOOP_SERVE_MODEL_NAME      registered name      } /v1/models id = "<name>:<version>";
+    TUNELOOP_SERVE_MODEL_VERSION   registered version   } requests may also use <name>
+    TUNELOOP_SERVE_ENGINE          adaptive | continuous
+    TUNELOOP__SERVING__<KEY>       any other serving key, e.g. TUNELOOP__SERVING__ALIASES='[tuneloop-chat@champion]'
+
+Packaging seam: a bento must carry its model. The packaging step imports the MLflow
+champion into the BentoML model store and sets `serving.bento_model: <name>:<tag>` (plus
+model_name/model_version/aliases) in the config file it puts into the bento (pointed to
+by TUNELOOP_CONFIG in the bentofile's envs). This class then declares
+`bentoml.models.BentoModel(tag)` at class level -- which is what makes `bentoml build`
+include the model -- and serves its folder. Without bento_model it serves model_dir /
+the base model (components/serving/setup.py: resolve_model_dir).
+
+Engines (serving.engine):
+- adaptive: the routes call `self.to_async.generate_batch([request_id])`, which goes
+  through BentoML's HTTP path and so through its adaptive batcher (a direct Python call
+  is not batched). The batch carries request ids; prompts, per-request parameters and the
+  token stream back to the route live in a process-local registry (the self-call never
+  leaves this worker process). One left-padded `generate` runs per batch.
+- continuous: transformers' continuous batching manager, called directly.
+
+BentoML 1.4.40 in-process client bug (field notes; upstream issues 5540/5544): the
+client behind `self.to_async` closes its HTTP session every 100 requests / 300 s while
+other requests still use it, so concurrent calls fail with ServerDisconnectedError.
+Worked around twice: `runner_connection` below makes the session never expire, and a
+call that still fails with a connection error is retried (only if its batch has not
+started; counted in tuneloop_internal_retries_total).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import bentoml
+
+from components.config import load_config
+from components.serving.openai_api import OpenAIErrorMiddleware, create_app
+
+# Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
+log = logging.getLogger("bentoml.tuneloop")
+
+CONFIG = load_config(os.environ.get("TUNELOOP_CONFIG") or None)
+SERVING = CONFIG.serving
+BATCH_ROUTE = "/internal/generate_batch"
+
+app = create_app()
+
+
+@bentoml.service(
+    name="tuneloop_llm",
+    workers=1,
+    traffic={
+        # Our own deadline (request_timeout_s -> 504) fires first; BentoML's is a backstop.
+        "timeout": SERVING.request_timeout_s + 30,
+    },
+    # The bug workaround, part 1: never recycle the in-process client's session.
+    runner_connection={"max_requests": 2**31 - 1, "max_age": 10.0**9},
+    # One access-log line per client request, not a second one for its internal batch call.
+    logging={"access": {"skip_paths": ["/metrics", "/healthz", "/livez", "/readyz", BATCH_ROUTE]}},
+)
+@bentoml.asgi_app(app, path="/")
+class TuneloopLLM:
+    if SERVING.bento_model:
+        # The packaging seam: makes `bentoml build` carry this model (see module docstring).
+        bento_model = bentoml.models.BentoModel(SERVING.bento_model)
+
+    def __init__(self) -> None:
+        from components.serving.admission import AdmissionController
+        from components.serving.engine import BatchGenerator, ContinuousEngine, load_model
+        from components.serving.metrics import ServingMetrics
+        from components.serving.openai_api import OpenAIServer
+        from components.serving.setup import resolve_model_dir, served_model
+
+        model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
+        loaded = load_model(model_dir, SERVING.num_threads)
+        served = served_model(SERVING)
+        # Created here, not at import: BentoML switches prometheus_client to multiprocess
+        # mode between importing this module and starting the worker.
+        self.metrics = ServingMetrics(model=served.id, engine=SERVING.engine)
+        self.server: OpenAIServer | None = None
+
+        def on_batch(size: int) -> None:
+            if self.server is not None and self.server.ready:  # warm-up batches are not traffic
+                self.metrics.observe_batch(size)
+
+        if SERVING.engine == "continuous":
+            self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
+                                           on_batch=on_batch)
+            self.engine.launch()
+            backend = self.engine
+        else:
+            self.engine = None
+            self.batcher = BatchGenerator(loaded, on_batch=on_batch)
+            backend = _BentoBatchingBackend(self)
+        self.pending: dict = {}  # request id -> GenerationStream, for generate_batch
+        self.server = OpenAIServer(
+            loaded=loaded,
+            backend=backend,
+            admission=AdmissionController(SERVING.max_concurrency, SERVING.request_timeout_s, SERVING.retry_after_s),
+            served=served,
+            default_max_tokens=SERVING.default_max_tokens,
+            max_tokens_limit=SERVING.max_tokens_limit,
+            metrics=self.metrics,
+        )
+        app.state.server = self.server
+        log.info("serving %s from %s with the %s engine", served.id, model_dir, SERVING.engine)
+
+    @bentoml.on_startup
+    async def _start_warm_up(self) -> None:
+        # The self-call client (`self.to_async` through HTTP) is only set up after startup
+        # hooks return, so the warm-up runs as a task that waits for it; /readyz stays
+        # 503 (__is_ready__) until it is done.
+        self._warm_up_task = asyncio.get_running_loop().create_task(self._warm_up())
+
+    async def _warm_up(self) -> None:
+        from components.serving.setup import warm_up
+
+        try:
+            if SERVING.engine == "adaptive":
+                while getattr(self, "__self_proxy__", None) is None:
+                    await asyncio.sleep(0.05)
+            seconds = await warm_up(self.server, SERVING.warmup_requests)
+            log.info("warm-up done in %.1f s: ready", seconds)
+        except Exception:
+            log.exception("warm-up failed: the service stays not ready")
+
+    def __is_ready__(self) -> bool:
+        engine_alive = self.engine is None or self.engine.is_running  # continuous: its thread may die
+        return self.server is not None and self.server.ready and engine_alive
+
+    @bentoml.on_shutdown
+    def _stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+    @bentoml.api(
+        batchable=True,
+        max_batch_size=SERVING.max_batch_size,
+        max_latency_ms=SERVING.max_latency_ms,
+        route=BATCH_ROUTE,
+    )
+    def generate_batch(self, request_ids: list[str]) -> list[str]:
+        """Internal (adaptive engine): run the pending generations named by request_ids as one batch.
+
+        Tokens go to each request's stream; the answer is each request's finish reason
+        ("skipped" if it was unknown, cancelled before its batch, or already run).
+        """
+        streams = [self.pending.get(rid) for rid in request_ids]
+        runnable = [s for s in streams if s is not None and not s.claimed and not s.cancelled]
+        self.batcher.run(runnable)
+        return ["ran" if s in runnable else "skipped" for s in streams]
+
+
+# Errors BentoML answers itself (its batch route's validation, unknown paths) get OpenAI's shape.
+TuneloopLLM.add_asgi_middleware(OpenAIErrorMiddleware)
+
+
+class _BentoBatchingBackend:
+    """The adaptive engine as an openai_api Backend: each generation is a call through
+    BentoML's HTTP path to generate_batch, so BentoML's adaptive batcher groups them."""
+
+    engine = "adaptive"
+    ATTEMPTS = 3
+
+    def __init__(self, service: TuneloopLLM):
+        self.service = service
+        self._calls: set[asyncio.Task] = set()  # strong references while they run
+
+    def submit(self, stream) -> None:
+        self.service.pending[stream.request_id] = stream
+        task = asyncio.get_running_loop().create_task(self._call(stream))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, stream) -> None:
+        import aiohttp
+        from bentoml.exceptions import BentoMLException
+
+        from components.serving.errors import InternalError, Unavailable
+
+        try:
+            for attempt in range(1, self.ATTEMPTS + 1):
+                try:
+                    await self.service.to_async.generate_batch([stream.request_id])
+                    return
+                except (aiohttp.ClientError, RuntimeError) as exc:
+                    # The bug workaround, part 2. RuntimeError: aiohttp's "Session is closed".
+                    if isinstance(exc, RuntimeError) and "closed" not in str(exc).lower():
+                        raise
+                    self.service.metrics.retry(type(exc).__name__)
+                    if stream.claimed or stream.done:
+                        return  # its batch is running: the tokens come through the stream
+                    log.warning("in-process call for %s failed (%r), attempt %d", stream.request_id, exc, attempt)
+                    if attempt == self.ATTEMPTS:
+                        raise
+        except BentoMLException as exc:
+            status = int(getattr(exc, "error_code", 500))
+            if status == 503:  # BentoML's batcher shed it: predicted over max_latency_ms
+                stream.finish("error", Unavailable("the server is overloaded (batch queue over its latency "
+                                                   "budget); retry shortly", retry_after_s=SERVING.retry_after_s))
+            else:
+                log.error("generate_batch failed for %s: %s", stream.request_id, exc)
+                stream.finish("error", InternalError("generation failed; see the server log"))
+        except Exception as exc:
+            log.exception("generate_batch call failed for %s", stream.request_id)
+            stream.finish("error", InternalError(f"generation failed: {type(exc).__name__}"))
+        finally:
+            self.service.pending.pop(stream.request_id, None)
+            if not stream.claimed and not stream.done:
+                stream.finish("error", InternalError("generation was never scheduled"))

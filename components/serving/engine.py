@@ -1,0 +1,507 @@
+"""The two generation engines behind the OpenAI API, and what they share.
+
+A request becomes a GenerationStream: prompt token ids + SamplingParams in, token ids out.
+Engines run the model on their own thread and push tokens into the stream; the asyncio
+side (openai_api.py) reads them, turns them into text, applies stop strings and may
+cancel the stream (client gone, timeout, stop string hit), which stops its generation.
+
+- BatchGenerator ("adaptive" engine): one left-padded batched `generate` over whatever
+  requests BentoML's adaptive batcher collected. Requests leave the batch early (eos,
+  their own max_tokens, cancelled) through a per-row stopping criterion, but nobody joins
+  a running batch: newcomers wait for the next one.
+- ContinuousEngine ("continuous" engine): transformers' ContinuousBatchingManager;
+  requests join and leave the running batch at every step.
+
+Per-request sampling (temperature, top_p, seed) inside a shared batch is done by one
+function, sample_rows, used by both engines: each row that samples draws its token with
+its own torch.Generator (so a seed gives the same text whoever shares the batch) and
+its logits are replaced by a one-hot; greedy rows keep their logits. The model then runs
+with do_sample=False, so greedy rows are exactly `generate`'s argmax.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+BatchObserver = Callable[[int], None]  # called with the batch size of every batch / step
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class GenerationStream:
+    """One generation. Engine threads call emit/finish; the event loop reads events().
+
+    Events are delivered onto the loop with call_soon_threadsafe, so timings (first token,
+    finish) are when the asyncio side could first see them.
+    """
+
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 loop: asyncio.AbstractEventLoop | None = None):
+        self.request_id = request_id
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.loop = loop or asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self._cancel_hooks: list[Callable[[], None]] = []
+        self.claimed = False  # an engine has started running it (so a retried submission is a no-op)
+        self.num_generated = 0
+        self.finish_reason: str | None = None  # stop | length | cancelled | error
+        self.error: BaseException | None = None
+        self.created_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+
+    # ---- engine side (any thread) ---------------------------------------------------
+    def emit(self, token_ids: Sequence[int]) -> None:
+        if token_ids:
+            self._post(("tokens", list(token_ids)))
+
+    def finish(self, reason: str, error: BaseException | None = None) -> None:
+        self._post(("finish", reason, error))
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _post(self, event: tuple) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._deliver, event)
+        except RuntimeError:  # loop closed: the server is shutting down, nobody is listening
+            pass
+
+    # ---- event-loop side ------------------------------------------------------------
+    def _deliver(self, event: tuple) -> None:
+        if self.finish_reason is not None:
+            return  # the stream is over (e.g. cancelled); late tokens are dropped
+        now = time.perf_counter()
+        if event[0] == "tokens":
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.num_generated += len(event[1])
+        else:
+            self.finish_reason, self.error, self.finished_at = event[1], event[2], now
+        self._queue.put_nowait(event)
+
+    def add_cancel_hook(self, hook: Callable[[], None]) -> None:
+        self._cancel_hooks.append(hook)
+
+    def cancel(self) -> None:
+        """Stop generating (idempotent; call on the event loop). Engines notice at their next step."""
+        if self._cancelled.is_set() or self.finish_reason is not None:
+            return
+        self._cancelled.set()
+        for hook in self._cancel_hooks:
+            try:
+                hook()
+            except Exception:  # a failing hook must not keep others from running
+                log.exception("cancel hook failed for %s", self.request_id)
+        self._deliver(("finish", "cancelled", None))
+
+    async def events(self):
+        """Yield lists of new token ids until the generation ends; raise if it failed."""
+        while True:
+            event = await self._queue.get()
+            if event[0] == "tokens":
+                yield event[1]
+            else:
+                if event[1] == "error":
+                    raise event[2] or RuntimeError("generation failed")
+                return
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+# ---------------------------------------------------------------------------------------
+# model loading and facts both engines need
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    stop_ids: frozenset[int]  # token ids that end a generation (eos, <|im_end|>)
+    context_length: int
+    path: Path
+
+
+def load_model(model_dir: Path | str, num_threads: int | None = None) -> LoadedModel:
+    """Load a Hugging Face causal LM folder for serving (sdpa attention, left padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
+    # transformers 5 does not persist padding_side: batched generate needs left padding.
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    stop_ids = set()
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    stop_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        stop_ids.add(tokenizer.eos_token_id)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        stop_ids.add(im_end)
+    context = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
+    return LoadedModel(model, tokenizer, frozenset(stop_ids), int(context), path)
+
+
+# ---------------------------------------------------------------------------------------
+# per-request sampling inside a shared batch
+
+
+def make_generator(seed: int | None):
+    import torch
+
+    return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+
+
+def sample_rows(scores, rows: Sequence[tuple[SamplingParams, Any] | None]):
+    """Sample one token for every row that samples and make its scores one-hot (0 / -inf).
+
+    rows[i] is (params, torch.Generator) or None. Greedy rows (temperature 0) and None rows
+    are left as they are, so an argmax over the result is greedy for them and returns the
+    sampled token for the others. Modifies scores in place and returns it.
+    """
+    import torch
+
+    for i, row in enumerate(rows):
+        if row is None or row[0].greedy:
+            continue
+        params, generator = row
+        logits = scores[i].float() / params.temperature
+        probs = torch.softmax(logits, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
+            outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+            probs = probs.clone()
+            probs[order[outside]] = 0.0
+        token = torch.multinomial(probs, 1, generator=generator)
+        scores[i].fill_(float("-inf"))
+        scores[i, token] = 0.0
+    return scores
+
+
+# ---------------------------------------------------------------------------------------
+# adaptive engine: left-padded batched generate
+
+
+class BatchGenerator:
+    """Runs a batch of streams with one left-padded `generate` call (the "adaptive" engine).
+
+    Used from BentoML's batchable API, which collects the batch; run() blocks until every
+    stream of the batch has finished.
+    """
+
+    def __init__(self, loaded: LoadedModel, on_batch: BatchObserver | None = None):
+        self.loaded = loaded
+        self.on_batch = on_batch
+        self._lock = threading.Lock()  # one generate at a time per model
+
+    def run(self, streams: Iterable[GenerationStream]) -> None:
+        live = []
+        for s in streams:
+            if s.cancelled or s.claimed:
+                continue  # gone before its batch started, or already run by an earlier attempt
+            s.claimed = True
+            live.append(s)
+        for group in self._fit_context(live):
+            with self._lock:
+                self._run_group(group)
+
+    def _fit_context(self, streams: list[GenerationStream]) -> list[list[GenerationStream]]:
+        """Split so that every group's longest prompt + largest max_new_tokens fits the context.
+
+        In a padded batch every row runs as many steps as the longest request; a long prompt
+        next to a long generation would run past the position embeddings.
+        """
+        groups: list[list[GenerationStream]] = []
+        for s in sorted(streams, key=lambda s: len(s.prompt_ids)):
+            for g in groups:
+                width = max(len(s.prompt_ids), *(len(x.prompt_ids) for x in g))
+                steps = max(s.params.max_new_tokens, *(x.params.max_new_tokens for x in g))
+                if width + steps <= self.loaded.context_length:
+                    g.append(s)
+                    break
+            else:
+                groups.append([s])
+        return groups
+
+    def _run_group(self, group: list[GenerationStream]) -> None:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        tok = self.loaded.tokenizer
+        if self.on_batch:
+            self.on_batch(len(group))
+        try:
+            width = max(len(s.prompt_ids) for s in group)
+            pad = tok.pad_token_id
+            input_ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in group])
+            attention_mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids)
+                                           for s in group])
+            rows = [None if s.params.greedy else (s.params, make_generator(s.params.seed)) for s in group]
+            tracker = _RowTracker(group, self.loaded.stop_ids)
+            config = GenerationConfig(
+                do_sample=False,
+                max_new_tokens=max(s.params.max_new_tokens for s in group),
+                pad_token_id=pad,
+                eos_token_id=sorted(self.loaded.stop_ids),
+            )
+            with torch.inference_mode():
+                self.loaded.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([_RowSampling(rows)]),
+                    stopping_criteria=StoppingCriteriaList([tracker]),
+                )
+            tracker.finish_all("length")
+        except Exception as exc:
+            log.exception("batched generate failed (%d requests)", len(group))
+            for s in group:
+                s.finish("error", exc)
+
+
+class _RowSampling:
+    """LogitsProcessor: per-row temperature/top_p/seed (see sample_rows)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __call__(self, input_ids, scores):
+        return sample_rows(scores, self.rows)
+
+
+class _RowTracker:
+    """StoppingCriteria that hands each row's new token to its stream and ends rows one by one.
+
+    A row ends at a stop token (not emitted), at its own max_new_tokens, or when its stream
+    was cancelled. `generate` stops once every row has ended.
+    """
+
+    def __init__(self, streams: list[GenerationStream], stop_ids: frozenset[int]):
+        self.streams = streams
+        self.stop_ids = stop_ids
+        self.counts = [0] * len(streams)
+        self.ended = [False] * len(streams)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        last = input_ids[:, -1].tolist()
+        for i, s in enumerate(self.streams):
+            if self.ended[i]:
+                continue
+            if s.cancelled:
+                self._end(i, "cancelled")
+            elif last[i] in self.stop_ids:
+                self._end(i, "stop")
+            else:
+                s.emit([last[i]])
+                self.counts[i] += 1
+                if self.counts[i] >= s.params.max_new_tokens:
+                    self._end(i, "length")
+        return torch.tensor(self.ended, dtype=torch.bool, device=input_ids.device)
+
+    def _end(self, i: int, reason: str) -> None:
+        self.ended[i] = True
+        self.streams[i].finish(reason)
+
+    def finish_all(self, reason: str) -> None:
+        for i in range(len(self.streams)):
+            if not self.ended[i]:
+                self._end(i, reason)
+
+
+# ---------------------------------------------------------------------------------------
+# continuous engine: transformers' continuous batching manager
+
+
+class ContinuousEngine:
+    """Iteration-level batching: requests join and leave the running batch at every step.
+
+    Wraps transformers' ContinuousBatchingManager (its own generation thread). Our sampler
+    replaces the manager's logits processors so that per-request temperature, top_p and
+    seed work exactly as in the adaptive engine; it also reports each step's batch size.
+    submit() and the result callbacks run on the event loop.
+
+    Two manager internals are used (transformers 5.23; test_serving_engine.py pins them):
+    `manager.logit_processor` is replaced before start, and a cancelled request's result
+    handler is removed from `manager.output_router` (the manager leaves it behind).
+    """
+
+    engine = "continuous"  # as a Backend of openai_api: submit(stream)
+
+    def __init__(self, loaded: LoadedModel, num_blocks: int, page_size: int, max_batch_tokens: int,
+                 on_batch: BatchObserver | None = None):
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        self.loaded = loaded
+        self._sampler = _new_continuous_sampler(on_batch)
+        generation_config = GenerationConfig(
+            do_sample=False,  # greedy argmax; sampling rows are made one-hot by the sampler
+            max_new_tokens=16,
+            eos_token_id=sorted(loaded.stop_ids),
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        )
+        cb_config = ContinuousBatchingConfig(
+            num_blocks=num_blocks,
+            page_size=page_size,
+            max_batch_tokens=max_batch_tokens,
+            # The sampler keeps per-step state between preparing and processing a batch,
+            # which async batching (prepare the next batch while the current one runs) breaks.
+            use_async_batching=False,
+            allow_block_sharing=False,
+        )
+        self.manager = loaded.model.init_continuous_batching(
+            generation_config=generation_config, continuous_batching_config=cb_config
+        )
+        self.manager.logit_processor = _sampler_list(self._sampler)
+
+    def launch(self) -> None:
+        """Start the manager's generation thread."""
+        self.manager.start()
+
+    def stop(self) -> None:
+        if self.manager.is_running():
+            self.manager.stop(block=True, timeout=10)
+
+    @property
+    def is_running(self) -> bool:
+        return self.manager.is_running()
+
+    def submit(self, stream: GenerationStream) -> None:
+        """Start generating for stream (call on its event loop)."""
+        if not self.manager.is_running():
+            raise RuntimeError("continuous batching manager is not running")
+        rid = stream.request_id
+        stop_ids = self.loaded.stop_ids
+        emitted = 0
+
+        def on_output(output) -> None:
+            nonlocal emitted
+            tokens = list(output.generated_tokens)
+            finished = output.is_finished()
+            hit_stop = bool(tokens) and finished and tokens[-1] in stop_ids
+            new = tokens[emitted: len(tokens) - 1 if hit_stop else len(tokens)]
+            emitted += len(new)
+            stream.emit(new)
+            if output.error:
+                self._sampler.forget(rid)
+                stream.finish("error", RuntimeError(output.error))
+            elif finished:
+                self._sampler.forget(rid)
+                stream.finish("stop" if hit_stop else "length")
+
+        def on_cancel() -> None:
+            self.manager.cancel_request(rid)
+            self._sampler.forget(rid)
+            # A cancelled request gets no final output, so its handler would stay registered.
+            with self.manager.output_router._lock:
+                self.manager.output_router.result_handlers.pop(rid, None)
+
+        stream.claimed = True
+        self._sampler.register(rid, stream.params)
+        self.manager.register_result_handler(rid, on_output)
+        stream.add_cancel_hook(on_cancel)
+        self.manager.add_request(
+            stream.prompt_ids, request_id=rid, max_new_tokens=stream.params.max_new_tokens, streaming=True,
+            eos_token_id=sorted(stop_ids),
+        )
+
+
+def _sampler_list(sampler):
+    from transformers import LogitsProcessorList
+    from transformers.generation.continuous_batching.cb_logits_processors import (
+        ContinuousBatchingLogitsProcessorList,
+    )
+
+    class _SamplerList(ContinuousBatchingLogitsProcessorList):
+        def __init__(self):
+            super().__init__(LogitsProcessorList([sampler]))
+            self.tensors_required = 1  # one (unused) argument row; the manager sizes its buffers by it
+
+    return _SamplerList()
+
+
+class _ContinuousSampler:
+    """A continuous-batching logits processor: sample_rows over the requests of each step.
+
+    The manager calls prepare_tensor_args with the requests that get a new token in the
+    coming forward pass (in the order of the logits rows), then __call__ with those logits.
+    """
+
+    supported_kwargs: dict[str, type] = {}
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def __init__(self, on_batch: BatchObserver | None):
+        self.on_batch = on_batch
+        self._params: dict[str, tuple[SamplingParams, Any]] = {}
+        self._lock = threading.Lock()
+        self._rows: list = []
+
+    def register(self, request_id: str, params: SamplingParams) -> None:
+        with self._lock:
+            self._params[request_id] = (params, None if params.greedy else make_generator(params.seed))
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._params.pop(request_id, None)
+
+    # ContinuousBatchingLogitsProcessor interface
+    def fill_defaults(self, int32_tensor) -> None:
+        int32_tensor.zero_()
+
+    def prepare_tensor_args(self, requests_with_new_token):
+        import torch
+
+        with self._lock:
+            self._rows = [self._params.get(r.state.request_id) for r in requests_with_new_token]
+        if self.on_batch and self._rows:
+            self.on_batch(len(self._rows))
+        return torch.zeros(len(self._rows), dtype=torch.int32)
+
+    def __call__(self, scores, tensor_arg):
+        return sample_rows(scores, self._rows)
+
+
+def _new_continuous_sampler(on_batch: BatchObserver | None) -> _ContinuousSampler:
+    """A _ContinuousSampler that is also a transformers ContinuousBatchingLogitsProcessor
+    (the manager keeps only those); built here so importing this module stays light."""
+    from transformers.generation.continuous_batching.cb_logits_processors import (
+        ContinuousBatchingLogitsProcessor,
+    )
+
+    class ContinuousSampler(_ContinuousSampler, ContinuousBatchingLogitsProcessor):
+        pass
+
+    return ContinuousSampler(on_batch)

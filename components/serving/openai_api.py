@@ -1,0 +1,809 @@
+"""The OpenAI-compatible HTTP API: schemas, the FastAPI app, SSE streaming, error shapes.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /v1/models/{model}. The app knows nothing about BentoML: it talks to a Backend
+(something with `engine` and `submit(stream)`), which bentos/service.py provides
+for the adaptive (BentoML batching) and continuous engines. create_app() builds the
+FastAPI app before the model is loaded; attach an OpenAIServer to app.state.server once it
+is. Until then, and until warm-up is done, every route answers 503.
+
+What a request goes through: model name check (404) -> parameter checks (400, naming the
+parameter) -> prompt rendering and tokenisation -> context window check (400
+context_length_exceeded) -> admission (429 + Retry-After) -> generation with a deadline
+(504) while watching for the client going away (its generations are cancelled, its slots
+freed) -> OpenAI-shaped JSON or SSE chunks ending with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from components.serving.admission import AdmissionController, Ticket
+from components.serving.engine import GenerationStream, LoadedModel, SamplingParams
+from components.serving.errors import (
+    ContextLengthExceeded,
+    InternalError,
+    InvalidRequest,
+    ModelNotFound,
+    RequestTimeout,
+    ServingError,
+    Unavailable,
+    error_for_status,
+    openai_error_body,
+)
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------
+# request / response schemas (they are also what the served OpenAPI spec documents)
+
+
+class _Strict(BaseModel):
+    # OpenAI answers an unknown argument with 400 "Unrecognized request argument": so do we.
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, description="Only 1 is supported.")
+    stop: str | list[str] | None = Field(None, description="Up to 4 strings; the text stops before them.")
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str]
+
+
+class TextContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextContentPart]
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "tuneloop"
+    root: str  # the registered name:version every alias points at
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid parameter (param names it) or context_length_exceeded"},
+    404: {"model": ErrorResponse, "description": "Unknown model (code model_not_found)"},
+    429: {"model": ErrorResponse, "description": "Server at capacity; see Retry-After"},
+    503: {"model": ErrorResponse, "description": "Not ready (loading or warming up)"},
+    504: {"model": ErrorResponse, "description": "Generation did not finish within the request timeout"},
+    # Also keeps FastAPI from documenting its own 422, which this API never answers.
+    "default": {"model": ErrorResponse, "description": "Any other error, in the same shape"},
+}
+SSE_DOC = {"text/event-stream": {"schema": {"type": "string", "description": "with stream=true: `data: <chunk>` "
+                                            "events, then `data: [DONE]`"}}}
+
+# ---------------------------------------------------------------------------------------
+# the server object the routes use
+
+
+class Backend(Protocol):
+    engine: str
+
+    def submit(self, stream: GenerationStream) -> None:
+        """Begin generating for stream without waiting for it (tokens arrive in the stream)."""
+
+
+@dataclass
+class ServedModel:
+    name: str
+    version: str
+    aliases: list[str] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    @property
+    def ids(self) -> list[str]:
+        """Every name a request may use: name:version first, then the aliases."""
+        out = [self.id]
+        for alias in [*self.aliases, self.name]:
+            if alias not in out:
+                out.append(alias)
+        return out
+
+
+@dataclass
+class OpenAIServer:
+    loaded: LoadedModel
+    backend: Backend
+    admission: AdmissionController
+    served: ServedModel
+    default_max_tokens: int = 64
+    max_tokens_limit: int = 256
+    metrics: Any = None  # components.serving.metrics.ServingMetrics, or None
+    ready: bool = False  # set once warm-up is done
+
+    @property
+    def fingerprint(self) -> str:
+        return f"tuneloop-{self.backend.engine}"
+
+    def count_rejection(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.reject(reason)
+
+
+def _server(request: Request) -> OpenAIServer:
+    server = getattr(request.app.state, "server", None)
+    if server is None or not server.ready:
+        raise Unavailable("the model is loading or warming up; retry shortly", retry_after_s=2)
+    return server
+
+
+# ---------------------------------------------------------------------------------------
+# text: token ids -> text deltas, with stop strings
+
+
+class TextAssembler:
+    """Turns one generation's token ids into text deltas; detects stop strings.
+
+    Decodes the whole generated sequence each time (byte-level BPE splits characters
+    across tokens), and holds back text that could still become a stop string or is an
+    incomplete character, so nothing after a stop string is ever sent.
+    """
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.ids: list[int] = []
+        self.sent = 0  # characters already handed out
+        self.stopped = False  # a stop string was found
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    def add(self, token_ids: list[int]) -> str:
+        if self.stopped:
+            return ""
+        self.ids.extend(token_ids)
+        text = self._decode()
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            return self._take(text, min(hits))
+        safe = len(text.rstrip("\ufffd"))
+        for s in self.stop:
+            for k in range(min(len(s) - 1, safe), 0, -1):
+                if text[:safe].endswith(s[:k]):
+                    safe -= k
+                    break
+        return self._take(text, safe)
+
+    def flush(self) -> str:
+        """The rest of the text once the generation has ended."""
+        return "" if self.stopped else self._take(self._decode(), None)
+
+    def _take(self, text: str, upto: int | None) -> str:
+        upto = len(text) if upto is None else upto
+        if upto <= self.sent:
+            return ""
+        delta, self.sent = text[self.sent:upto], upto
+        return delta
+
+
+# ---------------------------------------------------------------------------------------
+# preparing a request
+
+
+@dataclass
+class _Prepared:
+    prompts: list[list[int]]
+    params: SamplingParams
+    stop: list[str]
+    include_usage: bool
+
+
+def _check_model(server: OpenAIServer, model: str) -> None:
+    if model not in server.served.ids:
+        raise ModelNotFound(
+            f"The model '{model}' does not exist; this server serves {', '.join(server.served.ids)}",
+            param="model",
+        )
+
+
+def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int]], max_tokens: int | None,
+             prompt_param: str) -> _Prepared:
+    if body.n != 1:
+        raise InvalidRequest(f"n={body.n} is not supported: this server returns one choice (n=1)", param="n")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > 4:
+        raise InvalidRequest("stop: at most 4 stop sequences are allowed", param="stop")
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
+    ctx = server.loaded.context_length
+    longest = max(len(p) for p in prompts)
+    if max_tokens is not None and max_tokens > server.max_tokens_limit:
+        raise InvalidRequest(
+            f"max_tokens={max_tokens} is above this server's limit of {server.max_tokens_limit}", param="max_tokens"
+        )
+    wanted = max_tokens if max_tokens is not None else min(server.default_max_tokens, max(ctx - longest, 1))
+    if longest + wanted > ctx:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens. However, you requested {longest + wanted} "
+            f"tokens ({longest} in the {prompt_param}, {wanted} for the completion). Please reduce the length "
+            f"of the {prompt_param} or of max_tokens.",
+            param=prompt_param,
+        )
+    params = SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return _Prepared(prompts, params, stop, include_usage)
+
+
+def _tokenize_completion(server: OpenAIServer, body: CompletionRequest) -> list[list[int]]:
+    texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if not texts:
+        raise InvalidRequest("prompt: an empty list has nothing to complete", param="prompt")
+    tok = server.loaded.tokenizer
+    out = []
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        # An empty prompt starts from the document boundary, as GPT-2 style models expect.
+        out.append(ids or [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id])
+    return out
+
+
+def _tokenize_chat(server: OpenAIServer, body: ChatCompletionRequest) -> list[list[int]]:
+    tok = server.loaded.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
+    messages = []
+    for m in body.messages:
+        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # a template may reject a conversation (e.g. roles out of order)
+        raise InvalidRequest(f"messages: the chat template rejected them: {exc}", param="messages") from None
+    return [tok(text, add_special_tokens=False)["input_ids"]]
+
+
+# ---------------------------------------------------------------------------------------
+# running a request
+
+
+class _Aborted(Exception):
+    """The generation was cancelled from outside (timeout, client gone) before it ended."""
+
+
+class _Generations:
+    """The generations of one request: their streams, admission ticket and metrics.
+
+    close() is the one exit: it cancels what still runs, records metrics and frees the
+    slots; it is idempotent and called from every path (done, error, timeout, disconnect).
+    """
+
+    def __init__(self, server: OpenAIServer, prepared: _Prepared, request_id: str):
+        self.server = server
+        self.request_id = request_id
+        self.ticket: Ticket = server.admission.admit(len(prepared.prompts))
+        loop = asyncio.get_running_loop()
+        # loop.time() and time.monotonic() are the same clock.
+        self.deadline = self.ticket.deadline
+        self.started_at = time.perf_counter()
+        self.streams = [GenerationStream(f"{request_id}-{i}", ids, prepared.params, loop)
+                        for i, ids in enumerate(prepared.prompts)]
+        self.assemblers = [TextAssembler(server.loaded.tokenizer, prepared.stop) for _ in self.streams]
+        self.completion_tokens = [0] * len(self.streams)
+        self._got_token = [False] * len(self.streams)
+        self.finish_reasons: list[str | None] = [None] * len(self.streams)  # as the client sees them
+        self._closed = False
+        self.abort_reason: str | None = None
+        if server.metrics:
+            for _ in self.streams:
+                server.metrics.generation_admitted()
+        try:
+            for s in self.streams:
+                server.backend.submit(s)
+        except Exception:
+            self.close()
+            raise
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(s.prompt_ids) for s in self.streams)
+
+    async def choice_deltas(self, i: int):
+        """(text delta, finish_reason or None) for choice i until it ends."""
+        stream, text = self.streams[i], self.assemblers[i]
+        async for ids in stream.events():
+            if not self._got_token[i]:
+                self._got_token[i] = True
+                if self.server.metrics:
+                    self.server.metrics.first_token()
+            delta = text.add(ids)
+            self.completion_tokens[i] = len(text.ids)
+            if text.stopped:
+                stream.cancel()  # a stop string ended it: stop generating
+                self.finish_reasons[i] = "stop"
+                yield delta, "stop"
+                return
+            if delta:
+                yield delta, None
+        if stream.finish_reason == "cancelled":
+            raise _Aborted(self.abort_reason or "cancelled")
+        self.finish_reasons[i] = "stop" if stream.finish_reason == "stop" else "length"
+        yield text.flush(), self.finish_reasons[i]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        unfinished = [s for s in self.streams if not s.done]
+        for s in unfinished:
+            s.cancel()
+        # Errors that become a response are counted where they do; a client that left is not.
+        if self.abort_reason == "client_disconnected" or (unfinished and self.abort_reason is None):
+            self.server.count_rejection("client_disconnected")
+        if self.server.metrics:
+            for i, s in enumerate(self.streams):
+                self.server.metrics.generation_ended(s, self.started_at, self._got_token[i], self.finish_reasons[i])
+        self.ticket.release()
+
+    def timeout_error(self) -> RequestTimeout:
+        self.abort_reason = "timeout"
+        return RequestTimeout(
+            f"the generation did not finish within the request timeout of "
+            f"{self.server.admission.request_timeout_s:g} s"
+        )
+
+
+async def _watch_disconnect(request: Request, gens: _Generations) -> None:
+    """Cancel the generations when the client goes away (non-streaming requests)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            gens.abort_reason = "client_disconnected"
+            for s in gens.streams:
+                s.cancel()
+            return
+
+
+async def _run_to_end(gens: _Generations, request: Request) -> list[tuple[str, str]]:
+    async def one(i: int) -> tuple[str, str]:
+        parts, finish = [], "length"
+        async for delta, reason in gens.choice_deltas(i):
+            parts.append(delta)
+            finish = reason or finish
+        return "".join(parts), finish
+
+    watcher = asyncio.ensure_future(_watch_disconnect(request, gens))
+    try:
+        async with asyncio.timeout_at(gens.deadline):
+            return list(await asyncio.gather(*(one(i) for i in range(len(gens.streams)))))
+    except TimeoutError:
+        raise gens.timeout_error() from None
+    finally:
+        watcher.cancel()
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class _SSEResponse(StreamingResponse):
+    """A StreamingResponse that always runs on_close, even if the body was never iterated."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_chunks: list[dict]):
+    """SSE over all choices of a request, interleaved as their tokens arrive."""
+
+    async def body():
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for delta, finish in gens.choice_deltas(i):
+                    await queue.put((i, delta, finish))
+            except Exception as exc:  # handed to the consumer below
+                queue.put_nowait((i, exc, None))
+
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens.streams))]
+        try:
+            for chunk in first_chunks:
+                yield _sse(chunk)
+            pending = len(tasks)
+            async with asyncio.timeout_at(gens.deadline):
+                while pending:
+                    i, delta, finish = await queue.get()
+                    if isinstance(delta, BaseException):
+                        raise delta
+                    if finish is not None:
+                        pending -= 1
+                    if delta or finish:
+                        yield _sse(make_chunk(i, delta, finish))
+            if include_usage:
+                yield _sse(make_chunk(None, None, None, usage=_usage(gens)))
+            yield _sse("[DONE]")
+        except TimeoutError:
+            # Headers are sent already: the error travels as an SSE event (the SDK raises it).
+            err = gens.timeout_error()
+            gens.server.count_rejection(err.reason)
+            yield _sse(err.body())
+            yield _sse("[DONE]")
+        except _Aborted:
+            return  # cancelled because the client left: nobody to tell
+        except ServingError as err:  # e.g. BentoML's batcher shed the request (503)
+            gens.abort_reason = err.reason
+            gens.server.count_rejection(err.reason)
+            yield _sse(err.body())
+            yield _sse("[DONE]")
+        except Exception:
+            log.exception("streamed generation %s failed", gens.request_id)
+            gens.abort_reason = "internal_error"
+            gens.server.count_rejection("internal_error")
+            yield _sse(InternalError("generation failed; see the server log").body())
+            yield _sse("[DONE]")
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    return _SSEResponse(body(), on_close=gens.close)
+
+
+def _usage(gens: _Generations) -> dict:
+    completion = sum(gens.completion_tokens)
+    return {"prompt_tokens": gens.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": gens.prompt_tokens + completion}
+
+
+async def _generate_or_raise(gens: _Generations, request: Request) -> list[tuple[str, str]] | None:
+    """The (text, finish_reason) of every choice; None if the client went away meanwhile."""
+    try:
+        return await _run_to_end(gens, request)
+    except _Aborted:
+        return None
+    except ServingError:
+        raise
+    except Exception as exc:
+        log.exception("generation %s failed", gens.request_id)
+        gens.abort_reason = "internal_error"
+        raise InternalError("generation failed; see the server log") from exc
+    finally:
+        gens.close()
+
+
+async def create_completion(server: OpenAIServer, body: CompletionRequest, request: Request):
+    _check_model(server, body.model)
+    prepared = _prepare(server, body, _tokenize_completion(server, body), body.max_tokens, "prompt")
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    gens = _Generations(server, prepared, rid)
+    base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
+            "system_fingerprint": server.fingerprint}
+
+    if body.stream:
+        def chunk(i, delta, finish, usage=None):
+            choices = [] if i is None else [{"index": i, "text": delta or "", "logprobs": None,
+                                             "finish_reason": finish}]
+            out = {**base, "choices": choices}
+            if prepared.include_usage:
+                out["usage"] = usage
+            return out
+
+        return _stream_response(gens, chunk, prepared.include_usage, [])
+
+    results = await _generate_or_raise(gens, request)
+    if results is None:
+        return Response(status_code=499)  # client closed the request (nginx's code); nobody reads it
+    choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+               for i, (text, finish) in enumerate(results)]
+    return JSONResponse({**base, "choices": choices, "usage": _usage(gens)})
+
+
+async def create_chat_completion(server: OpenAIServer, body: ChatCompletionRequest, request: Request):
+    _check_model(server, body.model)
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise InvalidRequest("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    prepared = _prepare(server, body, _tokenize_chat(server, body), max_tokens, "messages")
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    gens = _Generations(server, prepared, rid)
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
+            "system_fingerprint": server.fingerprint}
+
+    if body.stream:
+        def chunk(i, delta, finish, usage=None):
+            choices = [] if i is None else [{"index": i, "delta": {"content": delta} if delta else {},
+                                             "logprobs": None, "finish_reason": finish}]
+            out = {**base, "choices": choices}
+            if prepared.include_usage:
+                out["usage"] = usage
+            return out
+
+        first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}
+        if prepared.include_usage:
+            first["usage"] = None
+        return _stream_response(gens, chunk, prepared.include_usage, [first])
+
+    results = await _generate_or_raise(gens, request)
+    if results is None:
+        return Response(status_code=499)
+    choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                "finish_reason": finish} for i, (text, finish) in enumerate(results)]
+    return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(gens)})
+
+
+# ---------------------------------------------------------------------------------------
+# the app and its error handlers
+
+
+def error_response(err: ServingError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _param_from_loc(loc: tuple) -> str | None:
+    parts = [p for p in loc if p != "body"]
+    if not parts or not isinstance(parts[0], str):
+        return None
+    out = parts[0]
+    for p in parts[1:]:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p in ChatMessage.model_fields or p in StreamOptions.model_fields or p in TextContentPart.model_fields:
+            out += f".{p}"
+        else:
+            break  # a union member tag such as 'str' or 'list[str]'
+    return out
+
+
+def validation_error(errors: list[dict]) -> InvalidRequest:
+    """The first pydantic/FastAPI validation error as an OpenAI 400 naming the parameter."""
+    if not errors:
+        return InvalidRequest("invalid request")
+    e = errors[0]
+    if e.get("type") == "json_invalid":
+        return InvalidRequest(f"the request body is not valid JSON: {e.get('msg')}")
+    param = _param_from_loc(tuple(e.get("loc", ())))
+    if e.get("type") == "extra_forbidden":
+        return InvalidRequest(f"Unrecognized request argument supplied: {param}", param=param)
+    if e.get("type") == "missing" and param:
+        return InvalidRequest(f"you must provide '{param}'", param=param)
+    return InvalidRequest(f"{param}: {e.get('msg')}" if param else str(e.get("msg")), param=param)
+
+
+def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1") -> FastAPI:
+    """The FastAPI app; set app.state.server to an OpenAIServer once the model is ready."""
+    app = FastAPI(title=title, version=version, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = None
+
+    @app.exception_handler(ServingError)
+    async def _serving_error(request: Request, err: ServingError):
+        server = getattr(request.app.state, "server", None)
+        if server is not None:
+            server.count_rejection(err.reason)
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        err = validation_error(list(exc.errors()))
+        return await _serving_error(request, err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return await _serving_error(request, error_for_status(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return await _serving_error(request, InternalError("unexpected server error; see the server log"))
+
+    @app.post("/v1/completions", response_model=Completion, tags=["OpenAI"],
+              responses={**ERROR_RESPONSES, 200: {"content": SSE_DOC}})
+    async def completions(body: CompletionRequest, request: Request):
+        """Text completion of a prompt (or of each prompt of a list)."""
+        return await create_completion(_server(request), body, request)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, tags=["OpenAI"],
+              responses={**ERROR_RESPONSES, 200: {"content": SSE_DOC}})
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        """The assistant's next message, rendered through the model's chat template."""
+        return await create_chat_completion(_server(request), body, request)
+
+    @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"], responses=ERROR_RESPONSES)
+    async def list_models(request: Request):
+        """The served model: its registered name:version, then its aliases."""
+        server = _server(request)
+        s = server.served
+        return {"object": "list", "data": [{"id": i, "object": "model", "created": s.created,
+                                            "owned_by": "tuneloop", "root": s.id} for i in s.ids]}
+
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, tags=["OpenAI"], responses=ERROR_RESPONSES)
+    async def retrieve_model(model: str, request: Request):
+        server = _server(request)
+        _check_model(server, model)
+        s = server.served
+        return {"id": model, "object": "model", "created": s.created, "owned_by": "tuneloop", "root": s.id}
+
+    return app
+
+
+# ---------------------------------------------------------------------------------------
+# ASGI middleware: OpenAI shapes for errors answered outside the FastAPI app
+
+
+class OpenAIErrorMiddleware:
+    """Rewrites error responses that are not OpenAI-shaped (BentoML's own 400/404/429/503/504,
+    Starlette's plain-text 404/405) into {"error": {...}}, keeping the status (422 -> 400).
+
+    Health and metrics endpoints keep their own bodies (probes read only the status).
+    """
+
+    SKIP = ("/livez", "/readyz", "/healthz", "/metrics")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path", "") in self.SKIP:
+            return await self.app(scope, receive, send)
+        start: dict | None = None
+        chunks: list[bytes] = []
+
+        async def capture(message):
+            nonlocal start
+            if message["type"] == "http.response.start":
+                if message["status"] < 400:
+                    start = None
+                    return await send(message)
+                start = message
+                return None
+            if message["type"] == "http.response.body" and start is not None:
+                chunks.append(message.get("body", b""))
+                if message.get("more_body"):
+                    return None
+                return await self._send_rewritten(scope, start, b"".join(chunks), send)
+            return await send(message)
+
+        await self.app(scope, receive, capture)
+
+    @staticmethod
+    async def _send_rewritten(scope, start: dict, body: bytes, send) -> None:
+        status = start["status"]
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+        try:
+            data = json.loads(body or b"null")
+        except ValueError:
+            data = body.decode("utf-8", "replace").strip()
+        if isinstance(data, dict) and isinstance(data.get("error"), dict) and "message" in data["error"]:
+            new_body, new_status = body, status  # already OpenAI-shaped
+        else:
+            message = f"{scope.get('method')} {scope.get('path')}: {_message_of(data) or f'HTTP {status}'}"
+            err = error_for_status(status, message)
+            new_body, new_status = json.dumps(err.body()).encode(), err.status
+            if err.headers and not any(k.lower() == b"retry-after" for k, _ in headers):
+                headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(new_body)).encode())]
+        await send({"type": "http.response.start", "status": new_status, "headers": headers})
+        await send({"type": "http.response.body", "body": new_body, "more_body": False})
+
+
+def _message_of(data) -> str:
+    if isinstance(data, str):
+        return data
+    if isinstance(data, dict):
+        msg = data.get("error") or data.get("detail") or data.get("message") or ""
+        detail = data.get("detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            d = detail[0]
+            loc = ".".join(str(p) for p in d.get("loc", ()))
+            msg = f"{msg}: {loc}: {d.get('msg')}" if msg else f"{loc}: {d.get('msg')}"
+        return str(msg)
+    if isinstance(data, (list, tuple)) and data:
+        return _message_of(data[0])
+    return ""

@@ -1,0 +1,454 @@
+"""Serving, in-process: both engines against `generate`, sampling, cancellation, text and
+stop strings, and the OpenAI API's shapes and errors (FastAPI app over the continuous
+engine, through httpx's ASGI transport and the official `openai` SDK).
+
+The real `bentoml serve` tests are in test_serving_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.serving_tiny_model import build_tiny_model  # noqa: E402
+
+PROMPTS = [
+    "Hello world",
+    "The quick brown fox jumps over",
+    "A model server answers completions and chat completions over HTTP. Tokens are generated",
+    "x",
+    "Continuous batching lets requests join",
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    from components.serving.engine import load_model
+
+    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
+
+
+def reference(loaded, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Single-request greedy `generate`, with the same stop tokens, stop tokens stripped."""
+    import torch
+    from transformers import GenerationConfig
+
+    out = loaded.model.generate(
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        generation_config=GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
+                                           eos_token_id=sorted(loaded.stop_ids),
+                                           pad_token_id=loaded.tokenizer.pad_token_id),
+    )[0, len(prompt_ids):].tolist()
+    if out and out[-1] in loaded.stop_ids:
+        out.pop()
+    return out
+
+
+async def collect(stream) -> tuple[list[int], str]:
+    ids = []
+    async for new in stream.events():
+        ids += new
+    return ids, stream.finish_reason
+
+
+def run_adaptive(loaded, specs, sizes=None):
+    """Run (prompt_ids, SamplingParams) specs as one adaptive batch; [(ids, finish_reason)]."""
+    from components.serving.engine import BatchGenerator, GenerationStream
+
+    async def main():
+        streams = [GenerationStream(f"a{i}", ids, p) for i, (ids, p) in enumerate(specs)]
+        batcher = BatchGenerator(loaded, on_batch=sizes.append if sizes is not None else None)
+        job = asyncio.get_running_loop().run_in_executor(None, batcher.run, streams)
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        await job
+        return results
+
+    return asyncio.run(main())
+
+
+def run_continuous(loaded, specs, sizes=None):
+    from components.serving.engine import ContinuousEngine, GenerationStream
+
+    async def main():
+        engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256,
+                                  on_batch=sizes.append if sizes is not None else None)
+        engine.launch()
+        try:
+            streams = [GenerationStream(f"c{i}", ids, p) for i, (ids, p) in enumerate(specs)]
+            for s in streams:
+                engine.submit(s)
+            return await asyncio.gather(*(collect(s) for s in streams))
+        finally:
+            engine.stop()
+
+    return asyncio.run(main())
+
+
+def greedy_specs(loaded):
+    from components.serving.engine import SamplingParams
+
+    tok = loaded.tokenizer
+    return [(tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0))
+            for i, p in enumerate(PROMPTS)]
+
+
+@pytest.mark.parametrize("engine", ["adaptive", "continuous"])
+def test_greedy_batch_equals_single_request_generate(loaded, engine):
+    specs = greedy_specs(loaded)
+    sizes: list[int] = []
+    results = (run_adaptive if engine == "adaptive" else run_continuous)(loaded, specs, sizes)
+    for (ids, params), (got, finish) in zip(specs, results):
+        want = reference(loaded, ids, params.max_new_tokens)
+        assert got == want
+        assert finish == ("length" if len(want) == params.max_new_tokens else "stop")
+    # all five ran together (the continuous batch shrinks as requests finish)
+    assert max(sizes) == len(specs)
+
+
+def test_seeded_sampling_is_reproducible_and_engine_independent(loaded):
+    from components.serving.engine import SamplingParams
+
+    ids = loaded.tokenizer(PROMPTS[1])["input_ids"]
+    seeded = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=1234)
+    other = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=99)
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    a = run_adaptive(loaded, [(ids, seeded), (ids, seeded), (ids, other), (ids, greedy)])
+    c = run_continuous(loaded, [(ids, seeded), (ids, greedy)])
+    assert a[0] == a[1] == c[0]  # same seed, same tokens, whoever shares the batch
+    assert a[2][0] != a[0][0]
+    assert a[3] == c[1]
+    assert a[3][0] == reference(loaded, ids, 12)
+
+
+def test_sample_rows_respects_top_p():
+    import torch
+
+    from components.serving.engine import SamplingParams, make_generator, sample_rows
+
+    # token 0 holds ~88% of the mass: top_p=0.5 must always pick it, greedy rows stay untouched
+    logits = torch.tensor([[4.0, 2.0, 1.0, 0.0]] * 3)
+    rows = [(SamplingParams(1, temperature=1.0, top_p=0.5), make_generator(s)) for s in range(2)] + [None]
+    for _ in range(20):
+        out = sample_rows(logits.clone(), rows)
+        assert out[:2].argmax(-1).tolist() == [0, 0]
+        assert torch.equal(out[2], logits[2])
+    free = [(SamplingParams(1, temperature=1.0, top_p=1.0), make_generator(7))]
+    picks = {sample_rows(logits[:1].clone(), free).argmax(-1).item() for _ in range(200)}
+    assert len(picks) > 1
+
+
+@pytest.mark.parametrize("engine", ["adaptive", "continuous"])
+def test_cancelled_generation_stops(loaded, engine):
+    from components.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream, SamplingParams
+
+    ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
+
+    async def main():
+        stream = GenerationStream("k", ids, SamplingParams(max_new_tokens=200, temperature=0.0))
+        other = GenerationStream("o", ids, SamplingParams(max_new_tokens=30, temperature=0.0))
+        if engine == "adaptive":
+            job = asyncio.get_running_loop().run_in_executor(None, BatchGenerator(loaded).run, [stream, other])
+        else:
+            ce = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)
+            ce.launch()
+            ce.submit(stream)
+            ce.submit(other)
+        got = 0
+        async for new in stream.events():
+            got += len(new)
+            if got >= 3:
+                stream.cancel()
+        other_ids, _ = await collect(other)  # the batch goes on for the others
+        if engine == "adaptive":
+            await job
+        else:
+            handlers = dict(ce.manager.output_router.result_handlers)
+            ce.stop()
+            assert handlers == {}  # nothing left registered for the cancelled request
+        return got, stream.finish_reason, len(other_ids)
+
+    got, reason, other_len = asyncio.run(main())
+    assert reason == "cancelled" and got < 10
+    assert other_len == 30
+
+
+def test_adaptive_splits_batches_that_would_overflow_the_context(loaded):
+    from components.serving.engine import SamplingParams
+
+    ctx = loaded.context_length
+    long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: ctx - 4]
+    short = loaded.tokenizer(PROMPTS[0])["input_ids"]
+    sizes: list[int] = []
+    results = run_adaptive(loaded, [(long_prompt, SamplingParams(4, temperature=0.0)),
+                                    (short, SamplingParams(100, temperature=0.0))], sizes)
+    assert sorted(sizes) == [1, 1]
+    assert results[0][0] == reference(loaded, long_prompt, 4)
+    assert results[1][0] == reference(loaded, short, 100)
+
+
+# ---------------------------------------------------------------------------------------
+# text assembly
+
+
+class _CharTokenizer:
+    """One character per token id (id = code point); enough to test stop-string logic."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def _feed(stop, text):
+    from components.serving.openai_api import TextAssembler
+
+    asm = TextAssembler(_CharTokenizer(), stop)
+    deltas = []
+    for ch in text:
+        deltas.append(asm.add([ord(ch)]))
+        if asm.stopped:
+            break
+    deltas.append(asm.flush())
+    return deltas, asm
+
+
+def test_stop_string_cuts_text_and_never_leaks_a_prefix():
+    deltas, asm = _feed(["END"], "abcENxyzEND tail")
+    assert "".join(deltas) == "abcENxyz"
+    assert asm.stopped
+    # "EN" was held back until it could no longer start "END"
+    assert all("EN" not in d or d.startswith("ENx") for d in deltas)
+    deltas, asm = _feed(["\n\n", "###"], "one\ntwo ##")
+    assert "".join(deltas) == "one\ntwo ##" and not asm.stopped
+
+
+def test_byte_level_text_is_not_split_inside_a_character(loaded):
+    from components.serving.openai_api import TextAssembler
+
+    tok = loaded.tokenizer
+    ids = tok("café ünïcode ✓", add_special_tokens=False)["input_ids"]
+    asm = TextAssembler(tok, [])
+    deltas = [asm.add([i]) for i in ids] + [asm.flush()]
+    assert "".join(deltas) == "café ünïcode ✓"
+    assert not any("\ufffd" in d for d in deltas)
+
+
+# ---------------------------------------------------------------------------------------
+# the OpenAI API in-process (continuous engine), through the official SDK
+
+
+class _StuckBackend:
+    """Fault simulation: an engine that accepts work and never produces a token."""
+
+    engine = "stuck"
+
+    def __init__(self):
+        self.streams = []
+
+    def submit(self, stream):
+        self.streams.append(stream)
+
+
+def make_server(loaded, backend, **kw):
+    from components.serving.admission import AdmissionController
+    from components.serving.openai_api import OpenAIServer, ServedModel
+
+    admission = AdmissionController(kw.pop("max_concurrency", 64), kw.pop("timeout", 30.0), retry_after_s=2)
+    server = OpenAIServer(loaded=loaded, backend=backend, admission=admission,
+                          served=ServedModel("tiny", "3", aliases=["tiny@champion"]), **kw)
+    server.ready = True
+    return server
+
+
+def sdk(app):
+    import httpx
+    import openai
+
+    transport = httpx.ASGITransport(app=app)
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0,
+                              http_client=httpx.AsyncClient(transport=transport, base_url="http://test"))
+
+
+def raw(app):
+    import httpx
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def run_with_engine(loaded, test, **kw):
+    """Run `await test(app, server)` against an app over a live continuous engine."""
+    from components.serving.engine import ContinuousEngine
+    from components.serving.metrics import ServingMetrics
+    from components.serving.openai_api import create_app
+    from prometheus_client import CollectorRegistry
+
+    async def main():
+        engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)
+        engine.launch()
+        try:
+            registry = CollectorRegistry()
+            server = make_server(loaded, engine, metrics=ServingMetrics("tiny:3", "continuous", registry), **kw)
+            app = create_app()
+            app.state.server = server
+            return await test(app, server, registry)
+        finally:
+            engine.stop()
+
+    return asyncio.run(main())
+
+
+def test_api_shapes_streaming_and_usage(loaded):
+    async def test(app, server, registry):
+        client = sdk(app)
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["tiny:3", "tiny@champion", "tiny"]
+        assert {m.root for m in models.data} == {"tiny:3"}
+
+        comp = await client.completions.create(model="tiny", prompt=["Hello world", "x"], max_tokens=5,
+                                               temperature=0)
+        assert [c.index for c in comp.choices] == [0, 1]
+        assert comp.usage.completion_tokens <= 10 and comp.usage.prompt_tokens == 3
+        assert comp.choices[0].finish_reason in ("stop", "length")
+
+        chat = await client.chat.completions.create(
+            model="tiny@champion", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+        assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+        chat_prompt = len(loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True)["input_ids"])
+        assert chat.usage.prompt_tokens == chat_prompt
+
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0, stream=True,
+            stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == chat.choices[0].message.content
+
+        # stop strings: the text ends before the first one, finish_reason "stop", same when streamed
+        full = (await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24,
+                                                temperature=0)).choices[0].text
+        stop = full[len(full) // 2: len(full) // 2 + 2]
+        cut = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24, temperature=0,
+                                              stop=[stop, "never-there"])
+        assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"
+        streamed = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24,
+                                                   temperature=0, stop=stop, stream=True)
+        pieces = [c.choices[0] async for c in streamed]
+        assert "".join(p.text for p in pieces) == cut.choices[0].text and pieces[-1].finish_reason == "stop"
+
+        async with raw(app) as http:
+            r = await http.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3,
+                                                         "stream": True})
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in r.text.split("\n\n") if line]
+            assert events[-1] == "data: [DONE]"
+            assert all(e.startswith("data: ") for e in events)
+
+        ttft = registry.get_sample_value("tuneloop_time_to_first_token_seconds_count",
+                                         {"model": "tiny:3", "engine": "continuous"})
+        assert ttft == 8  # 2 prompts + chat + streamed chat + 3 with stop strings + streamed completion
+        finished = {r: registry.get_sample_value("tuneloop_request_success_total", {"finish_reason": r}) or 0
+                    for r in ("stop", "length")}
+        assert finished["stop"] >= 2 and finished["stop"] + finished["length"] == 8
+        assert server.admission.in_flight == 0
+
+    run_with_engine(loaded, test)
+
+
+def test_api_errors_are_openai_shaped(loaded):
+    import openai
+
+    async def test(app, server, registry):
+        client = sdk(app)
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", prompt="Hi", n=2)
+        assert e.value.body["param"] == "n"
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", prompt="Hi", temperature=3)
+        assert e.value.body["param"] == "temperature"
+        with pytest.raises(openai.NotFoundError) as e:
+            await client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}])
+        assert e.value.body["code"] == "model_not_found"
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", prompt="word " * 200, max_tokens=200)
+        assert e.value.body["code"] == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", prompt="Hi", max_tokens=10_000)
+        assert e.value.body["param"] == "max_tokens"
+
+        async with raw(app) as http:
+            cases = [
+                ({"model": "tiny", "prompt": "Hi", "logprobs": 3}, "logprobs"),
+                ({"prompt": "Hi"}, "model"),
+                ({"model": "tiny", "prompt": 12}, "prompt"),
+                ({"model": "tiny", "prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+            ]
+            for body, param in cases:
+                r = await http.post("/v1/completions", json=body)
+                assert r.status_code == 400, body
+                assert r.json()["error"]["param"] == param
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            r = await http.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "robot",
+                                                                                             "content": "x"}]})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+            r = await http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+            r = await http.get("/v1/completions")
+            assert r.status_code == 405 and "error" in r.json()
+        rejected = registry.get_sample_value("tuneloop_requests_rejected_total", {"reason": "invalid_request"})
+        assert rejected >= 10
+
+    run_with_engine(loaded, test)
+
+
+def test_overload_is_429_with_retry_after_and_timeout_is_504(loaded):
+    """Fault simulation: a stuck engine holds the only slot until the deadline."""
+    import openai
+
+    from components.serving.openai_api import create_app
+
+    async def main():
+        backend = _StuckBackend()
+        server = make_server(loaded, backend, max_concurrency=1, timeout=1.0)
+        app = create_app()
+        app.state.server = server
+        client = sdk(app)
+        first = asyncio.ensure_future(client.completions.create(model="tiny", prompt="Hi", max_tokens=4))
+        while server.admission.in_flight == 0:
+            await asyncio.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as e:
+            await client.completions.create(model="tiny", prompt="Hi", max_tokens=4)
+        assert e.value.response.headers["retry-after"] == "2"
+        with pytest.raises(openai.InternalServerError) as e:
+            await first
+        assert e.value.status_code == 504 and e.value.body["code"] == "timeout"
+        assert backend.streams[0].finish_reason == "cancelled"  # the timed-out generation was stopped
+        assert server.admission.in_flight == 0  # and its slot freed
+
+        # streamed: headers are out when the deadline passes, so the error arrives as an event
+        async with raw(app) as http:
+            r = await http.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "stream": True})
+        events = [e for e in r.text.split("\n\n") if e]
+        assert '"code":"timeout"' in events[-2].replace(" ", "") and events[-1] == "data: [DONE]"
+        assert server.admission.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_not_ready_is_503(loaded):
+    from components.serving.openai_api import create_app
+
+    async def main():
+        app = create_app()
+        async with raw(app) as http:
+            r = await http.get("/v1/models")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable"
+        assert "retry-after" in r.headers
+
+    asyncio.run(main())
