@@ -53,6 +53,11 @@ class PrefectConfig(Section):
 
 class BentoConfig(Section):
     home: Path | None = None  # None: <home>/bentoml
+    # The Docker image a deployed bento describes: cpu (python slim + torch CPU wheel) or
+    # gpu (nvidia/cuda base + torch CUDA wheel). See components/packaging.py.
+    target: Literal["cpu", "gpu"] = "cpu"
+    # Infra validation: how long the built bento may take to answer /readyz.
+    validation_timeout_s: float = Field(240.0, gt=0)
 
 
 class CacheConfig(Section):
@@ -101,10 +106,11 @@ class BootstrapConfig(Section):
     n_layer: int = Field(4, ge=1)
     n_embd: int = Field(128, ge=16)
     n_head: int = Field(4, ge=1)
-    steps: int = Field(600, ge=0)
-    batch_size: int = Field(16, ge=1)
+    # ~400k tokens, about 3 passes over the built-in corpus: ~70 s on 2 idle CPU cores.
+    steps: int = Field(400, ge=0)
+    batch_size: int = Field(8, ge=1)
     block_size: int = Field(128, ge=16)
-    learning_rate: float = Field(1e-3, gt=0)
+    learning_rate: float = Field(2e-3, gt=0)
     seed: int = 0
 
     @model_validator(mode="after")
