@@ -19,6 +19,7 @@ complete, so a killed run never leaves something that looks finished.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import json
@@ -364,6 +365,16 @@ def bootstrap_base_model(
     if not force and is_bootstrapped(output_dir, cfg):
         log.info("base model %s is up to date (config %s)", output_dir, bootstrap_config_hash(cfg))
         return output_dir
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time per folder: a second process waits, then finds the cache hit.
+    with open(output_dir.parent / f".{output_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and is_bootstrapped(output_dir, cfg):
+            return output_dir
+        return _build_into(cfg, output_dir, force, progress)
+
+
+def _build_into(cfg: BootstrapConfig, output_dir: Path, force: bool, progress: bool) -> Path:
     if output_dir.exists() and not output_dir.is_dir():
         raise BootstrapError(f"{output_dir}: exists and is not a folder; cannot build the base model there")
     if output_dir.is_dir() and any(output_dir.iterdir()) and read_marker(output_dir) is None and not force:
@@ -401,3 +412,11 @@ def _replace_folder(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, target)
+
+
+def ensure_base_model(cfg) -> str:
+    """The configured base model as from_pretrained takes it; builds the bootstrap model first
+    when that is what the config names (a cache hit after the first time)."""
+    if cfg.model.base_model == "bootstrap":
+        bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir)
+    return cfg.base_model_ref

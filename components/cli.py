@@ -64,19 +64,23 @@ def bootstrap(
 ):
     """Build the small local base model (tokenizer + GPT-2/Llama, briefly pre-trained). Cached."""
     cfg = _load(config)
-    from components.bootstrap import bootstrap_base_model
+    from components.bootstrap import BootstrapError, bootstrap_base_model
 
-    path = bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir, force=force)
+    try:
+        path = bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir, force=force)
+    except BootstrapError as exc:
+        _fail(str(exc))
     console.print(f"[green]base model ready:[/] {path}")
 
 
 def ensure_base_model(cfg) -> str:
-    """The base model reference; builds the bootstrap model first when that is what's configured."""
-    if cfg.model.base_model == "bootstrap":
-        from components.bootstrap import bootstrap_base_model
+    from components.bootstrap import BootstrapError
+    from components.bootstrap import ensure_base_model as ensure
 
-        bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir)
-    return cfg.base_model_ref
+    try:
+        return ensure(cfg)
+    except BootstrapError as exc:
+        _fail(str(exc))
 
 
 def _prepare(cfg, data: Optional[Path], eval_data: Optional[Path]):
@@ -101,20 +105,12 @@ def prepare(
     console.print(prepared.summary())
 
 
-def _token_counter(cfg):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(ensure_base_model(cfg))
-    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
-
-
 def run_validation(cfg, prepared):
     """Validate a prepared dataset with the configured tokenizer; returns the report."""
-    from components.validation import validate_dataset
+    from components.validation import validate_prepared
 
-    return validate_dataset(
-        prepared.train, prepared.eval, cfg.validation, _token_counter(cfg), cfg.data_docs_dir
-    )
+    ensure_base_model(cfg)
+    return validate_prepared(cfg, prepared)
 
 
 @app.command()

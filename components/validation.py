@@ -486,3 +486,17 @@ def validate_dataset(
         n_eval=len(eval),
         seconds=time.perf_counter() - started,
     )
+
+
+def validate_prepared(cfg, prepared) -> ValidationReport:
+    """The gate as runs use it: a prepared dataset, token bounds in the base model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from components.bootstrap import ensure_base_model
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_base_model(cfg))
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return validate_dataset(prepared.train, prepared.eval, cfg.validation, count_tokens, cfg.data_docs_dir)

@@ -27,7 +27,7 @@ class ValidationFailed(Exception):
 
 @task(cache_policy=NO_CACHE)
 def prepare_base_model(cfg: TuneloopConfig) -> str:
-    from components.cli import ensure_base_model
+    from components.bootstrap import ensure_base_model
 
     return ensure_base_model(cfg)
 
@@ -43,9 +43,9 @@ def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None)
 
 @task(cache_policy=NO_CACHE)
 def validate_data(cfg: TuneloopConfig, prepared):
-    from components.cli import run_validation
+    from components.validation import validate_prepared
 
-    report = run_validation(cfg, prepared)
+    report = validate_prepared(cfg, prepared)
     create_markdown_artifact(
         key="data-validation",
         markdown=f"# Data validation: {'passed' if report.success else 'FAILED'}\n\n```\n{report.summary()}\n```\n\n"
