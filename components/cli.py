@@ -129,7 +129,6 @@ def validate(
     else:
         console.print(prepared.summary())
         console.print(report.summary())
-        console.print(f"Data Docs: {report.data_docs_path}")
     raise typer.Exit(0 if report.success else 1)
 
 
@@ -145,7 +144,6 @@ def demo(config: Optional[Path] = ConfigOption):
     console.rule("3. validation gate")
     report = run_validation(cfg, prepared)
     console.print(report.summary())
-    console.print(f"Data Docs: {report.data_docs_path}")
     if not report.success:
         _fail("validation failed; nothing was trained", code=1)
     console.print("[bold green]demo complete[/]")

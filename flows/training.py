@@ -49,7 +49,7 @@ def validate_data(cfg: TuneloopConfig, prepared):
     create_markdown_artifact(
         key="data-validation",
         markdown=f"# Data validation: {'passed' if report.success else 'FAILED'}\n\n```\n{report.summary()}\n```\n\n"
-        f"Data Docs: `{report.data_docs_path}`",
+        "",
         description="Great Expectations gate on the training set",
     )
     if not report.success:
