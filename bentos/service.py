@@ -3,7 +3,8 @@
     bentoml serve bentos.service:TuneloopLLM --port 3000
 
 Configuration (read when this module is imported, so the BentoML decorators get it):
-the YAML named by TUNELOOP_CONFIG (default configs/default.yaml), section `serving`
+the YAML named by TUNELOOP_CONFIG (else a built bento's bentos/packaged_config.yaml, else
+configs/default.yaml), section `serving`
 (components/config.py: ServingConfig), plus environment overrides:
 
     TUNELOOP_SERVE_MODEL_DIR       Hugging Face model folder to serve
@@ -12,10 +13,12 @@ the YAML named by TUNELOOP_CONFIG (default configs/default.yaml), section `servi
     TUNELOOP_SERVE_ENGINE          adaptive | continuous
     TUNELOOP__SERVING__<KEY>       any other serving key, e.g. TUNELOOP__SERVING__ALIASES='[tuneloop-chat@champion]'
 
-Packaging seam: a bento must carry its model. The packaging step imports the MLflow
-champion into the BentoML model store and sets `serving.bento_model: <name>:<tag>` (plus
-model_name/model_version/aliases) in the config file it puts into the bento (pointed to
-by TUNELOOP_CONFIG in the bentofile's envs). This class then declares
+Packaging seam: a bento must carry its model. The packaging step (components/packaging.py)
+imports the MLflow champion into the BentoML model store and sets `serving.bento_model:
+<name>:<tag>` (plus model_name/model_version/aliases) in bentos/packaged_config.yaml, which
+it puts into the bento next to this file and which is read when TUNELOOP_CONFIG is unset
+(BentoML applies a bentofile's envs only inside its container, not to `bentoml serve
+<bento>`, so the file is found by location, not by variable). This class then declares
 `bentoml.models.BentoModel(tag)` at class level -- which is what makes `bentoml build`
 include the model -- and serves its folder. Without bento_model it serves model_dir /
 the base model (components/serving/setup.py: resolve_model_dir).
@@ -51,7 +54,10 @@ from components.serving.openai_api import OpenAIErrorMiddleware, create_app
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
 log = logging.getLogger("bentoml.tuneloop")
 
-CONFIG = load_config(os.environ.get("TUNELOOP_CONFIG") or None)
+# A built bento carries its config next to this file (written by components/packaging.py);
+# an explicit TUNELOOP_CONFIG still wins, then configs/default.yaml.
+PACKAGED_CONFIG = Path(__file__).with_name("packaged_config.yaml")
+CONFIG = load_config(os.environ.get("TUNELOOP_CONFIG") or (PACKAGED_CONFIG if PACKAGED_CONFIG.exists() else None))
 SERVING = CONFIG.serving
 BATCH_ROUTE = "/internal/generate_batch"
 

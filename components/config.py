@@ -53,6 +53,11 @@ class PrefectConfig(Section):
 
 class BentoConfig(Section):
     home: Path | None = None  # None: <home>/bentoml
+    # The Docker image a deployed bento describes: cpu (python slim + torch CPU wheel) or
+    # gpu (nvidia/cuda base + torch CUDA wheel). See components/packaging.py.
+    target: Literal["cpu", "gpu"] = "cpu"
+    # Infra validation: how long the built bento may take to answer /readyz.
+    validation_timeout_s: float = Field(240.0, gt=0)
 
 
 class CacheConfig(Section):

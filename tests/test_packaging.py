@@ -1,0 +1,194 @@
+"""Packaging against the real thing: an MLflow sqlite registry holding a champion, the
+BentoML store under tmp_path, `bentoml build`, and infra validation with the real
+`bentoml serve`. A broken champion fails validation, is not marked deployed, and the
+bento deployed before stays deployed."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import packaging
+from components.config import load_config
+from components.registry import TAG_DEPLOYED_BENTO, ModelRegistry
+from tests.serving_tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def registry_with_champion(root: Path) -> dict:
+    """A config whose home holds an MLflow registry with a tiny model promoted to champion."""
+    from mlflow.tracking import MlflowClient
+
+    config = root / "tuneloop.yaml"
+    # One torch thread and two warm-up requests: the machine is small and shared.
+    config.write_text(f"paths: {{home: {root / 'home'}}}\nserving: {{warmup_requests: 2, num_threads: 1}}\n")
+    cfg = load_config(config, environ={})
+    cfg.home.mkdir(parents=True)
+    client = MlflowClient(cfg.mlflow_tracking_uri)
+    experiment = client.create_experiment("packaging", artifact_location=cfg.mlflow_artifact_location)
+    model_dir = build_tiny_model(root / "tiny")
+    registry = ModelRegistry.from_config(cfg)
+    run = client.create_run(experiment)
+    v1 = registry.register(run.info.run_id, model_dir)
+    registry.promote(v1, None, "test champion", require_blessed=False)
+    return {"cfg": cfg, "config": config, "client": client, "experiment": experiment, "registry": registry,
+            "model_dir": model_dir, "root": root, "v1": v1, "run1": run.info.run_id}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return registry_with_champion(tmp_path_factory.mktemp("packaging"))
+
+
+def test_pinned_packages_follow_requirements_to_installed_versions():
+    from importlib import metadata
+
+    pins = packaging.pinned_packages(["transformers", "bentoml"])
+    by_name = dict(p.split("==") for p in pins)
+    assert by_name["transformers"] == metadata.version("transformers")
+    # Requirements of requirements, pinned too.
+    assert by_name["huggingface_hub"] == metadata.version("huggingface_hub")
+    assert by_name["starlette"] == metadata.version("starlette")
+    assert all("==" in p for p in pins) and len(pins) == len(set(pins))
+    with pytest.raises(packaging.PackagingError, match="not installed"):
+        packaging.pinned_packages(["surely-not-a-package-tuneloop"])
+
+
+@pytest.mark.slow  # creates an MLflow database: ~10 s
+def test_no_champion_is_a_clear_error(tmp_path):
+    cfg = load_config(None, environ={"TUNELOOP_HOME": str(tmp_path)})
+    with pytest.raises(packaging.PackagingError, match="no champion"):
+        packaging.import_champion(cfg)
+
+
+@pytest.mark.slow
+def test_deploy_champion_then_a_broken_champion_is_refused(setup):
+    import bentoml
+
+    cfg, registry = setup["cfg"], setup["registry"]
+    assert packaging.deployed_bento(cfg) is None
+
+    # ---- before any deployment `tuneloop serve` runs the champion from the source tree
+    port = packaging.free_port()
+    plan = packaging.serve_plan(cfg, port=port)
+    assert "champion tuneloop-chat v1" in plan.what and "bentos.service:TuneloopLLM" in plan.argv
+    check = packaging.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source")
+    print(f"\nserving the champion from source: {check.reason}")
+    assert check.passed, check.reason + "\n" + check.log_tail
+
+    # ---- a good champion: imported, built, validated by the real server, deployed
+    started = time.perf_counter()
+    steps: list[str] = []
+    result = packaging.deploy_champion(cfg, progress=steps.append)
+    print(f"deploy v1: {result.seconds} ({time.perf_counter() - started:.1f} s in all); "
+          f"ready after {result.validation.seconds_to_ready} s")
+    assert result.deployed, result.reason + "\n" + result.validation.log_tail
+    assert result.version == setup["v1"] and result.registered_model == "tuneloop-chat"
+    assert result.validation.passed and result.validation.completion is not None
+    assert any("infra validation" in s for s in steps)
+    bento_v1 = result.bento_tag
+    assert bento_v1.startswith("tuneloop_llm:")
+    assert registry.version(setup["v1"]).tags[TAG_DEPLOYED_BENTO] == bento_v1
+    assert packaging.deployed_bento(cfg) == bento_v1
+    assert packaging.deployed(cfg)["model_tag"] == result.model_tag
+    assert packaging.serve_plan(cfg, port=port).what == f"deployed bento {bento_v1}"
+
+    # The model in the BentoML store points back to MLflow.
+    store = packaging._model_store(cfg)
+    model = bentoml.models.get(result.model_tag, _model_store=store)
+    assert model.info.labels == {
+        packaging.LABEL_MODEL: "tuneloop-chat", packaging.LABEL_VERSION: setup["v1"],
+        packaging.LABEL_RUN: setup["run1"], "project": "tuneloop",
+    }
+    assert (Path(model.path) / "config.json").exists()
+    assert model.info.metadata["mlflow_aliases"] == ["champion"]
+
+    # The bento: references that model, carries its serving config, pinned packages, a CPU image.
+    bento_dir = packaging.bento_path(cfg, bento_v1)
+    info = yaml.safe_load((bento_dir / "bento.yaml").read_text())
+    assert info["labels"][packaging.LABEL_VERSION] == setup["v1"]
+    assert info["labels"][packaging.LABEL_RUN] == setup["run1"]
+    assert [m["tag"] for m in info["services"][0]["models"]] == [result.model_tag]
+    served = yaml.safe_load((bento_dir / "src" / packaging.PACKAGED_CONFIG).read_text())["serving"]
+    assert served["bento_model"] == result.model_tag and served["model_version"] == setup["v1"]
+    assert served["aliases"] == ["tuneloop-chat@champion"]
+    requirements = (bento_dir / "env" / "python" / "requirements.txt").read_text().splitlines()
+    from importlib import metadata
+
+    assert f"transformers=={metadata.version('transformers')}" in requirements
+    assert any(r.startswith("torch==") and r.endswith("+cpu") for r in requirements)
+    assert (bento_dir / "env" / "docker" / "Dockerfile").read_text().count("FROM python:3.11-slim") == 1
+
+    # Importing the same version again reuses the stored model.
+    t = time.perf_counter()
+    assert packaging.import_champion(cfg)[0] == result.model_tag
+    assert time.perf_counter() - t < 5
+
+    # ---- a broken champion: its weights file is garbage
+    broken = setup["root"] / "broken"
+    shutil.copytree(setup["model_dir"], broken)
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(b"this is not a safetensors file" * 100)
+    run = setup["client"].create_run(setup["experiment"])
+    v2 = registry.register(run.info.run_id, broken)
+    registry.promote(v2, setup["v1"], "broken on purpose", require_blessed=False)
+
+    started = time.perf_counter()
+    failed = packaging.deploy_champion(cfg, timeout=240)
+    print(f"deploy broken v2: {failed.seconds} ({time.perf_counter() - started:.1f} s in all): {failed.reason}")
+    assert not failed.deployed and failed.version == v2
+    assert "infra validation failed" in failed.reason and "SafetensorError" in failed.reason
+    assert failed.validation.seconds < 100  # the crash is the answer: no waiting for the timeout
+    assert "SafetensorError" in failed.validation.log_tail
+    assert failed.previous_bento == bento_v1 and bento_v1 in failed.summary()
+    # Not marked deployed; the previous bento stays the deployed one.
+    assert TAG_DEPLOYED_BENTO not in registry.version(v2).tags
+    assert registry.version(setup["v1"]).tags[TAG_DEPLOYED_BENTO] == bento_v1
+    assert packaging.deployed_bento(cfg) == bento_v1
+
+
+@pytest.mark.slow
+def test_gpu_bento_describes_a_cuda_image(setup):
+    cfg = setup["cfg"]
+    model_tag, info = packaging.import_champion(cfg, setup["v1"])
+    t = time.perf_counter()
+    tag = packaging.build_bento(cfg, model_tag, info, target="gpu")
+    print(f"\ngpu bento built in {time.perf_counter() - t:.1f} s")
+    assert tag.startswith("tuneloop_llm_cuda:")
+    bento_dir = packaging.bento_path(cfg, tag)
+    dockerfile = (bento_dir / "env" / "docker" / "Dockerfile").read_text()
+    assert "FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04" in dockerfile
+    requirements = (bento_dir / "env" / "python" / "requirements.txt").read_text()
+    assert "+cpu" not in requirements and "download.pytorch.org" not in requirements
+    assert "bentoml containerize " + tag in packaging.containerize_command(cfg, tag)
+
+
+@pytest.mark.slow
+def test_deploy_flow_deploys_and_writes_an_artifact(tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.deploy import DeploymentFailed, deploy_champion_flow
+
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
+    s = registry_with_champion(tmp_path)
+    with prefect_test_harness(server_startup_timeout=180):
+        result = deploy_champion_flow(str(s["config"]), version=s["v1"])
+        assert result["deployed"] and result["bento_tag"] == packaging.deployed_bento(s["cfg"])
+        assert s["registry"].version(s["v1"]).tags[TAG_DEPLOYED_BENTO] == result["bento_tag"]
+        with get_client(sync_client=True) as client:
+            artifact = next(a for a in client.read_artifacts() if a.key == "deployment")
+        assert "**deployed**" in artifact.data and "bentoml containerize" in artifact.data
+
+        # A version that is not (or no longer) the champion is never marked deployed.
+        run = s["client"].create_run(s["experiment"])
+        v2 = s["registry"].register(run.info.run_id, s["model_dir"])
+        with pytest.raises(DeploymentFailed, match="not the champion"):
+            deploy_champion_flow(str(s["config"]), version=v2)
+        assert TAG_DEPLOYED_BENTO not in s["registry"].version(v2).tags
+        assert packaging.deployed_bento(s["cfg"]) == result["bento_tag"]
