@@ -159,6 +159,9 @@ def load_model(model_dir: Path | str, num_threads: int | None = None) -> LoadedM
     # transformers 5 does not persist padding_side: batched generate needs left padding.
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    if torch.cuda.is_available():  # GPU hosts (the CUDA bento): bf16 where the card has it
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        model = model.to(device="cuda", dtype=dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     stop_ids = set()
@@ -196,7 +199,9 @@ def sample_rows(scores, rows: Sequence[tuple[SamplingParams, Any] | None]):
         if row is None or row[0].greedy:
             continue
         params, generator = row
-        logits = scores[i].float() / params.temperature
+        # Sampled on the CPU: the seeded torch.Generator lives there, and one vocab-sized
+        # row is cheap to move; the one-hot result goes back to the scores' device.
+        logits = scores[i].float().cpu() / params.temperature
         probs = torch.softmax(logits, dim=-1)
         if params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
@@ -206,7 +211,7 @@ def sample_rows(scores, rows: Sequence[tuple[SamplingParams, Any] | None]):
             probs[order[outside]] = 0.0
         token = torch.multinomial(probs, 1, generator=generator)
         scores[i].fill_(float("-inf"))
-        scores[i, token] = 0.0
+        scores[i, token.to(scores.device)] = 0.0
     return scores
 
 
@@ -268,6 +273,8 @@ class BatchGenerator:
             input_ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in group])
             attention_mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids)
                                            for s in group])
+            input_ids = input_ids.to(self.loaded.model.device)
+            attention_mask = attention_mask.to(self.loaded.model.device)
             rows = [None if s.params.greedy else (s.params, make_generator(s.params.seed)) for s in group]
             tracker = _RowTracker(group, self.loaded.stop_ids)
             config = GenerationConfig(
