@@ -134,18 +134,26 @@ def validate(
 
 @app.command()
 def demo(config: Optional[Path] = ConfigOption):
-    """The main job on embedded defaults: bootstrap the base model, load + validate + split the sample set."""
+    """The main job on embedded defaults: base model, data + validation gate, then the training
+    flow (fine-tune, evaluate, bless, promote, package and infra-validate the champion)."""
     cfg = _load(config)
     console.rule("1. base model")
     console.print(f"base model: {ensure_base_model(cfg)}")
-    console.rule("2. data")
+    console.rule("2. data and validation gate")
     prepared = _prepare(cfg, None, None)
     console.print(prepared.summary())
-    console.rule("3. validation gate")
     report = run_validation(cfg, prepared)
     console.print(report.summary())
     if not report.success:
         _fail("validation failed; nothing was trained", code=1)
+    console.rule("3. training flow")
+    train(config=config, data=None, eval_data=None, as_json=False)
+    console.rule("next")
+    console.print(
+        "serve the champion:   .venv/bin/tuneloop serve   (OpenAI API on http://127.0.0.1:3000/v1)\n"
+        f"MLflow UI:            .venv/bin/mlflow ui --backend-store-uri {cfg.mlflow_tracking_uri}\n"
+        "promotion history:    .venv/bin/tuneloop registry history"
+    )
     console.print("[bold green]demo complete[/]")
 
 
@@ -245,6 +253,42 @@ def registry_rollback(
     except RegistryError as exc:
         _fail(str(exc), code=1)
     console.print(f"[green]rolled back:[/] champion is now version {result.version} (was {result.previous})")
+
+
+@app.command()
+def package(
+    config: Optional[Path] = ConfigOption,
+    version: Optional[str] = typer.Option(None, "--version", help="Registry version (default: the champion)."),
+    target: Optional[str] = typer.Option(None, "--target", help="cpu or gpu image (default: bento.target)."),
+):
+    """Package the champion as a bento, infra-validate it with `bentoml serve`, mark it deployed."""
+    cfg = _load(config)
+    from components.packaging import PackagingError, containerize_command, deploy_champion
+
+    try:
+        result = deploy_champion(cfg, version=version, target=target, progress=console.print)
+    except PackagingError as exc:
+        _fail(str(exc), code=1)
+    console.print(result.summary())
+    if not result.deployed:
+        raise typer.Exit(1)
+    console.print(f"container image (needs Docker): {containerize_command(cfg, result.bento_tag)}")
+
+
+@app.command()
+def serve(
+    config: Optional[Path] = ConfigOption,
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(3000, "--port"),
+):
+    """Serve the deployed bento (else the champion, else bentos/ as configured) with `bentoml serve`."""
+    cfg = _load(config)
+    from components.packaging import serve_plan
+
+    plan = serve_plan(cfg, host, port)
+    console.print(plan.what)
+    os.chdir(plan.cwd)
+    os.execvpe(plan.argv[0], plan.argv, plan.env)
 
 
 def main():  # pragma: no cover - console entry point

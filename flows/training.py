@@ -1,4 +1,4 @@
-"""The training flow: validate -> train candidates -> evaluate -> bless -> promote.
+"""The training flow: validate -> train candidates -> evaluate -> bless -> promote -> deploy.
 
 Each task is a one-line call into components/; this file only decides order, retries,
 what is logged where, and when to stop. Nothing is promoted from a failed run: a failed
@@ -114,7 +114,8 @@ def bless_and_promote(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics:
 
 @flow(name="training", log_prints=True)
 def training_flow(config_path: str | None = None, data: str | None = None, eval_data: str | None = None) -> dict[str, Any]:
-    """Fine-tune candidates on N processes, evaluate against base and champion, bless, promote."""
+    """Fine-tune candidates on N processes, evaluate against base and champion, bless, promote,
+    then package the new champion as a bento and infra-validate it (flows/deploy.py)."""
     import mlflow
 
     from components.report import write_report
@@ -181,6 +182,13 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             "seconds": round(time.time() - started, 1),
         }
         mlflow.log_dict(summary, "summary.json")
+
+    if summary["promoted"]:
+        # Package the new champion and prove it serves; a failed bento leaves the old one deployed.
+        from flows.deploy import deploy_champion_flow
+
+        deployment = deploy_champion_flow(config_path=config_path, version=str(version), raise_on_failure=False)
+        summary["deployment"] = {k: deployment.get(k) for k in ("deployed", "bento_tag", "reason", "previous_bento")}
 
     md = next((p for p in report_paths if str(p).endswith(".md")), None)
     create_markdown_artifact(

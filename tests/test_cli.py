@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 TUNELOOP = [str(Path(sys.executable).parent / "tuneloop")]
-VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["train"],
+VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["train"], ["package"], ["serve"],
          ["registry"], ["registry", "history"], ["registry", "rollback"]]
 
 
