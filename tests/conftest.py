@@ -26,3 +26,18 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real test data not present at {SHARED_DATA}")
     return SHARED_DATA
+
+os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@pytest.fixture(scope="session")
+def demo_base_model() -> Path:
+    """The default bootstrap base model, built once into the checkout's cache (.tuneloop/),
+    the same folder `make demo` uses, so the suite and the demo pay for it once."""
+    from components.bootstrap import ensure_base_model
+    from components.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "default.yaml", environ={})
+    return Path(ensure_base_model(cfg))
