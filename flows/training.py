@@ -88,28 +88,34 @@ def champion_snapshot(cfg: TuneloopConfig):
 
 
 @task(cache_policy=NO_CACHE)
-def bless_and_promote(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics, champion_version, tags):
-    """Register the challenger, record the blessing, and promote compare-and-set against the champion seen at the start."""
+def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics,
+                       champion_version, tags):
+    """Register the challenger and record the TFX-style blessing on its version."""
     from components.blessing import bless
-    from components.registry import ModelRegistry, PromotionConflict
+    from components.registry import ModelRegistry
 
-    logger = get_run_logger()
     registry = ModelRegistry.from_config(cfg)
     version = registry.register(run_id, model_dir, tags=tags)
     registry.set_challenger(version)
     blessing = bless(metrics, champion_metrics, cfg.blessing.thresholds, baseline_version=champion_version)
     registry.record_blessing(version, blessing)
-    promotion, refused = None, None
-    if blessing.blessed:
-        try:
-            promotion = registry.promote(
-                version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons),
-                actor="training-flow",
-            )
-        except PromotionConflict as exc:
-            refused = str(exc)  # someone else promoted meanwhile: never double-promote
-            logger.warning("promotion refused: %s", exc)
-    return version, blessing, promotion, refused
+    return version, blessing
+
+
+@task(cache_policy=NO_CACHE)
+def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
+    """Compare-and-set against the champion seen before evaluation; returns (promotion, refusal)."""
+    from components.registry import ModelRegistry, PromotionConflict
+
+    try:
+        promotion = ModelRegistry.from_config(cfg).promote(
+            version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons),
+            actor="training-flow",
+        )
+        return promotion, None
+    except PromotionConflict as exc:  # someone else promoted meanwhile: never double-promote
+        get_run_logger().warning("promotion refused: %s", exc)
+        return None, str(exc)
 
 
 @flow(name="training", log_prints=True)
@@ -161,13 +167,23 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         mlflow.log_metrics({f"challenger.{k}": v for k, v in metrics.items()})
 
         champion_metrics = metrics_table.get(f"champion v{champion_version}") if champion_version else None
-        version, blessing, promotion, refused = bless_and_promote(
+        version, blessing = register_and_bless(
             cfg, child_run, str(result.model_dir), metrics, champion_metrics, champion_version,
             {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id},
         )
         report_paths = write_report(run_root / "report", histories, metrics_table, blessing)
-        for p in report_paths:
+        for p in report_paths.values():
             mlflow.log_artifact(str(p), "report")
+        create_markdown_artifact(
+            key="training-report", markdown=report_paths["summary"].read_text(),
+            description="Candidates vs base vs champion, blessing decision",
+        )
+        create_table_artifact(
+            key="training-metrics",
+            table=[{"model": name, **{k: round(float(v), 4) for k, v in m.items()}} for name, m in metrics_table.items()],
+        )
+        # Promotion is the last step of the run: nothing before it can fail after it.
+        promotion, refused = promote(cfg, version, blessing, champion_version) if blessing.blessed else (None, None)
         summary = {
             "run_id": parent.info.run_id,
             "dataset_fingerprint": prepared.fingerprint,
@@ -190,13 +206,4 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         deployment = deploy_champion_flow(config_path=config_path, version=str(version), raise_on_failure=False)
         summary["deployment"] = {k: deployment.get(k) for k in ("deployed", "bento_tag", "reason", "previous_bento")}
 
-    md = next((p for p in report_paths if str(p).endswith(".md")), None)
-    create_markdown_artifact(
-        key="training-report", markdown=Path(md).read_text() if md else json.dumps(summary, indent=2),
-        description="Candidates vs base vs champion, blessing decision",
-    )
-    create_table_artifact(
-        key="training-metrics",
-        table=[{"model": name, **{k: round(float(v), 4) for k, v in m.items()}} for name, m in metrics_table.items()],
-    )
     return summary
