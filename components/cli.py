@@ -208,6 +208,14 @@ def _print_training_summary(summary: dict) -> None:
         console.print(f"  - {reason}")
     promoted = "promoted" if summary["promoted"] else "not promoted"
     console.print(f"champion: {summary['champion_before'] or 'none'} -> {summary['champion_after'] or 'none'} ({promoted})")
+    if summary.get("promotion_refused"):
+        console.print(f"[yellow]promotion refused:[/] {summary['promotion_refused']}")
+    deployment = summary.get("deployment")
+    if deployment:
+        if deployment["deployed"]:
+            console.print(f"deployed: bento {deployment['bento_tag']} (built, served and answered in infra validation)")
+        else:
+            console.print(f"[red]not deployed:[/] {deployment['reason']} (still deployed: {deployment['previous_bento'] or 'none'})")
 
 
 def _registry(cfg):
