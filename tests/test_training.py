@@ -249,3 +249,16 @@ def test_failed_job_raises_with_the_end_of_its_log(tmp_path, base_model, dataset
     with pytest.raises(TrainingError) as err:
         launch_training(spec, on_log=lambda line: None)
     assert "exit code 1" in str(err.value) and "missing.jsonl: file not found" in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_zero1_deepspeed_job_learns(tmp_path, base_model, dataset_dir):
+    """The shipped ZeRO-1 config (optimizer states partitioned) on 2 processes, deepspeed launcher."""
+    spec = make_spec("zero1", base_model, dataset_dir, tmp_path, deepspeed="zero1", num_processes=2,
+                     launcher="deepspeed", max_steps=20, save_steps=20)
+    result = launch_training(spec, on_log=lambda line: None)
+
+    assert result.train_result["zero_stage"] == 1 and result.train_result["num_processes"] == 2
+    assert result.train_result["eval_loss"] < result.train_result["eval_loss_before"]
+    assert all(isinstance(a, str) for a in greedy_answers(result.model_dir, sentiment_examples(2, seed=3)))
