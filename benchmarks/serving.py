@@ -1,0 +1,679 @@
+"""Serving benchmark in vLLM's terms: a naive server vs both engines vs the in-process limit.
+
+    python benchmarks/serving.py                      # 192 requests, 32 concurrent clients
+    python benchmarks/serving.py --quick              # 64 requests
+    python benchmarks/serving.py --request-rate 4     # Poisson arrivals, 4 req/s (still <= 32 in flight)
+    python benchmarks/serving.py --systems adaptive,continuous --serving max_batch_tokens=256
+
+One invocation runs the same seeded workload against, one after the other:
+  (a) naive       benchmarks/naive_server.py: FastAPI + transformers pipeline, one request
+                  at a time, uvicorn, non-streaming /v1/completions (so TTFT = end-to-end,
+                  and TPOT / inter-token latency do not exist for it);
+  (b) adaptive    `bentoml serve bentos.service:TuneloopLLM` with the adaptive engine;
+  (c) continuous  the same with the continuous engine;
+  (d) in-process  no HTTP: the same model in this process, best of two ways of batching
+                  the same workload: the continuous engine fed at the same concurrency,
+                  and left-padded `generate` over offline batches (requests sorted by
+                  max_tokens, `--concurrency` per batch).
+Each server is started on a free 127.0.0.1 port, measured, and stopped before the next.
+
+Workload: chat rows of data/sample/train.jsonl (the conversation up to the assistant's
+answer), max_tokens uniform in [--min-tokens, --max-tokens] (seeded), greedy decoding so
+every system generates the same tokens. The API has no ignore_eos, so a generation may
+stop early at the model's stop token: output tokens are what was actually generated
+(usage from the server), and the requested total is printed next to it.
+
+Metrics (as vLLM's benchmark_serving): TTFT = request sent -> first content chunk;
+TPOT = (e2e - TTFT) / (output tokens - 1) per request; ITL = gaps between content chunks
+(a chunk may carry more than one token); e2e = request sent -> last byte; throughput =
+completed requests and output tokens over the wall time of the run. The engines are
+driven through /v1/chat/completions with stream=true and stream_options.include_usage.
+
+Noise: other processes share the cores. Before each system the benchmark waits (up to
+--wait-quiet seconds) for them to go quiet, and every run prints the CPU the server, the
+client and all other processes used meanwhile: a run where others took a core is not
+comparable. benchmarks/README.md has measured numbers and what they mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from components.config import ServingConfig, load_config  # noqa: E402
+from tests.servers import free_port, service  # noqa: E402
+
+SYSTEMS = ["naive", "adaptive", "continuous", "inprocess"]
+DATA = ROOT / "data" / "sample" / "train.jsonl"
+MODEL_NAME = "bench-chat"
+
+
+# ---------------------------------------------------------------------------------------
+# workload
+
+
+@dataclass
+class BenchRequest:
+    index: int
+    messages: list[dict]
+    prompt_text: str  # the chat template applied: what the naive server gets as its prompt
+    prompt_ids: list[int]
+    max_tokens: int
+
+
+def build_workload(path: Path, tokenizer, num_requests: int, min_tokens: int, max_tokens: int,
+                   seed: int) -> list[BenchRequest]:
+    """num_requests chat prompts from path (seeded choice, with repeats if needed) and their max_tokens."""
+    conversations = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            messages = json.loads(line)["messages"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{path}:{line_no}: not a chat row ({exc})")
+        # The conversation up to (not including) the last assistant answer: what a client sends.
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
+        if last > 0:
+            conversations.append(messages[:last])
+    if not conversations:
+        raise SystemExit(f"{path}: no chat rows with a prompt")
+    rng = random.Random(seed)
+    out = []
+    for i in range(num_requests):
+        messages = rng.choice(conversations)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        out.append(BenchRequest(i, messages, text, ids, rng.randint(min_tokens, max_tokens)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# one request's measurements, and the driver that sends the workload
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float | None = None  # seconds from send to the first content
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)  # gaps between content chunks
+    streamed: bool = True
+
+
+async def run_workload(requests: list[BenchRequest], send, concurrency: int, request_rate: float,
+                       seed: int, progress_label: str) -> tuple[list[RequestResult], float]:
+    """Send every request through send(req) -> RequestResult, at most `concurrency` at a time.
+
+    request_rate inf: all requests are ready at t=0 (fixed concurrency, closed loop);
+    otherwise they arrive as a Poisson process of that rate (seeded), still capped.
+    """
+    from tqdm import tqdm
+
+    gate = asyncio.Semaphore(concurrency)
+    rng = random.Random(seed + 1)
+    bar = tqdm(total=len(requests), desc=progress_label, unit="req", leave=False, file=sys.stderr,
+               disable=not sys.stderr.isatty())
+
+    async def one(req: BenchRequest) -> RequestResult:
+        async with gate:
+            try:
+                result = await send(req)
+            except Exception as exc:  # a failed request is a measurement, not a crash
+                result = RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}")
+        bar.update(1)
+        return result
+
+    started = time.perf_counter()
+    tasks = []
+    for req in requests:
+        tasks.append(asyncio.create_task(one(req)))
+        if math.isfinite(request_rate):
+            await asyncio.sleep(rng.expovariate(request_rate))
+    results = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - started
+    bar.close()
+    return list(results), duration
+
+
+# ---- over HTTP ----------------------------------------------------------------------------
+
+
+async def send_chat_stream(session, url: str, req: BenchRequest) -> RequestResult:
+    """One streamed /v1/chat/completions request; timings from its SSE chunks."""
+    body = {"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    result = RequestResult()
+    sent = time.perf_counter()
+    last = None
+    chunks = 0
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            result.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+            return result
+        async for raw in resp.content:  # aiohttp yields line by line
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                result.error = f"stream error: {event['error'].get('message')}"
+                return result
+            if event.get("usage"):
+                result.prompt_tokens = event["usage"]["prompt_tokens"]
+                result.output_tokens = event["usage"]["completion_tokens"]
+            for choice in event.get("choices", []):
+                if choice.get("delta", {}).get("content"):
+                    now = time.perf_counter()
+                    if last is None:
+                        result.ttft = now - sent
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                    chunks += 1
+    result.e2e = time.perf_counter() - sent
+    if not result.output_tokens:  # no usage chunk: count content chunks instead
+        result.output_tokens = chunks
+    result.ok = True
+    return result
+
+
+async def send_naive(session, url: str, req: BenchRequest) -> RequestResult:
+    """One non-streamed /v1/completions request to the naive server (TTFT = e2e)."""
+    body = {"model": MODEL_NAME, "prompt": req.prompt_text, "max_tokens": req.max_tokens, "temperature": 0}
+    sent = time.perf_counter()
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            return RequestResult(error=f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        answer = await resp.json()
+    e2e = time.perf_counter() - sent
+    usage = answer["usage"]
+    return RequestResult(ok=True, prompt_tokens=usage["prompt_tokens"], output_tokens=usage["completion_tokens"],
+                         ttft=e2e, e2e=e2e, streamed=False)
+
+
+async def drive_http(url: str, requests: list[BenchRequest], send, args, label: str):
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=args.concurrency + 8)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=900)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        return await run_workload(requests, lambda r: send(session, url, r), args.concurrency,
+                                  args.request_rate, args.seed, label)
+
+
+# ---------------------------------------------------------------------------------------
+# summaries
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    import numpy as np
+
+    if not values:
+        return {}
+    a = np.asarray(values) * 1000.0  # milliseconds
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+            "p99": float(np.percentile(a, 99))}
+
+
+def summarize(name: str, requests: list[BenchRequest], results: list[RequestResult], duration: float,
+              extra: dict | None = None) -> dict:
+    ok = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    streamed = [r for r in ok if r.streamed]
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in streamed if r.ttft is not None and r.output_tokens > 1]
+    errors = [r.error for r in results if not r.ok]
+    return {
+        "system": name,
+        "completed": len(ok),
+        "failed": len(errors),
+        "errors": sorted(set(errors))[:5],
+        "duration_s": duration,
+        "requested_output_tokens": sum(q.max_tokens for q in requests),
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "ttft_ms": percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": percentiles(tpot),
+        "itl_ms": percentiles([g for r in streamed for g in r.itl]),
+        "e2e_ms": percentiles([r.e2e for r in ok]),
+        "streamed": bool(streamed),
+        **(extra or {}),
+    }
+
+
+def print_system(s: dict) -> None:
+    line = "-" * 60
+    print(f"\n{line}\n {s['system']}\n{line}")
+    rows = [
+        ("Successful requests", f"{s['completed']}"),
+        ("Failed requests", f"{s['failed']}"),
+        ("Benchmark duration (s)", f"{s['duration_s']:.2f}"),
+        ("Output tokens (requested max)", f"{s['output_tokens']} ({s['requested_output_tokens']})"),
+        ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
+    ]
+    for label, value in rows:
+        print(f"{label:<34}{value:>26}")
+    for key, label in [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E latency")]:
+        p = s[key]
+        if not p:
+            print(f"{label + ' (ms)':<34}{'n/a':>26}")
+            continue
+        values = f"{p['mean']:>8.0f}{p['p50']:>6.0f}{p['p95']:>6.0f}{p['p99']:>6.0f}"
+        print(f"{label + ' (ms) mean/p50/p95/p99':<34}{values}")
+    for key, label in [("mean_batch_size", "Mean batch size (server)"), ("server_cpu", "Server CPU (cores busy)"),
+                       ("client_cpu", "Client CPU (cores busy)"), ("others_cpu", "Other processes' CPU (cores)"),
+                       ("load", "Load avg before -> after")]:
+        if key in s:
+            v = s[key]
+            print(f"{label:<34}{v if isinstance(v, str) else f'{v:.2f}':>26}")
+    for note in s.get("notes", []):
+        print(f"  note: {note}")
+    for err in s["errors"]:
+        print(f"  error: {err}")
+
+
+def print_comparison(summaries: list[dict]) -> None:
+    by = {s["system"]: s for s in summaries}
+    naive = by.get("(a) naive")
+    limit = by.get("(d) in-process")
+    print(f"\n{'=' * 100}\n side by side\n{'=' * 100}")
+    head = (f"{'system':<16}{'ok/fail':>9}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}"
+            f"{'TPOT p50':>10}{'ITL p50':>9}{'E2E p50':>9}{'E2E p99':>9}{'x (a)':>8}{'x (d)':>8}{'others':>8}")
+    print(head)
+
+    def ms(s, key, q):
+        return f"{s[key][q]:.0f}" if s[key] else "n/a"
+
+    def ratio(s, base, digits):
+        if not base or not base["output_throughput"]:
+            return "-"
+        return f"{s['output_throughput'] / base['output_throughput']:.{digits}f}"
+
+    for s in summaries:
+        ra, rd = ratio(s, naive, 1), ratio(s, limit, 2)
+        print(f"{s['system']:<16}{s['completed']:>5}/{s['failed']:<3}{s['request_throughput']:>8.2f}"
+              f"{s['output_throughput']:>11.1f}{ms(s, 'ttft_ms', 'p50'):>10}{ms(s, 'ttft_ms', 'p99'):>10}"
+              f"{ms(s, 'tpot_ms', 'p50'):>10}{ms(s, 'itl_ms', 'p50'):>9}{ms(s, 'e2e_ms', 'p50'):>9}"
+              f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}")
+    print("(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
+          "used during the run)")
+    engines = [by[k] for k in ("(b) adaptive", "(c) continuous") if k in by]
+    if engines:
+        best = max(engines, key=lambda s: s["output_throughput"])
+        print(f"\nbest engine: {best['system']} at {best['output_throughput']:.1f} output tok/s")
+        if naive and naive["output_throughput"]:
+            r = best["output_throughput"] / naive["output_throughput"]
+            print(f"  vs (a) naive:      {r:5.1f}x   (target >= 10x: {'met' if r >= 10 else 'MISSED'})")
+        if limit and limit["output_throughput"]:
+            r = best["output_throughput"] / limit["output_throughput"]
+            print(f"  vs (d) in-process: {r:5.2f}    (target >= 0.8: {'met' if r >= 0.8 else 'MISSED'})")
+
+
+# ---------------------------------------------------------------------------------------
+# CPU accounting, so a reader can tell a saturated server from a starved one
+
+
+def _tree_cpu(pid: int) -> float:
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+def _own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _machine_busy() -> float:
+    """CPU seconds all processes on the machine have used (all cores)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
+
+
+@contextmanager
+def measured(extra: dict, server_pid: int | None = None):
+    """Record load average and the CPU used by this process, the server tree and everything else."""
+    load0, own0, all0 = os.getloadavg()[0], _own_cpu(), _machine_busy()
+    srv0 = _tree_cpu(server_pid) if server_pid else 0.0
+    t0 = time.perf_counter()
+    yield
+    wall = time.perf_counter() - t0
+    server = (_tree_cpu(server_pid) - srv0) if server_pid else 0.0
+    own = _own_cpu() - own0
+    if server_pid:
+        # Children that exited during the run are not counted; bentoml's workers live throughout.
+        extra["server_cpu"] = server / wall
+    extra["client_cpu"] = own / wall
+    # What other processes took meanwhile: the noise in these numbers (2 shared cores).
+    extra["others_cpu"] = max(0.0, (_machine_busy() - all0 - server - own) / wall)
+    extra["load"] = f"{load0:.1f} -> {os.getloadavg()[0]:.1f}"
+
+
+def wait_until_quiet(max_wait_s: float, busy_cores: float = 0.3) -> None:
+    """Wait (at most max_wait_s) until other processes use less than busy_cores, so runs start quiet."""
+    import psutil
+
+    if max_wait_s <= 0:
+        return
+    deadline = time.monotonic() + max_wait_s
+    waited = False
+    while True:
+        busy = psutil.cpu_percent(interval=2.0) / 100.0 * (os.cpu_count() or 1)
+        if busy < busy_cores:
+            return
+        if not waited:
+            print(f"  other processes use {busy:.1f} cores: waiting up to {max_wait_s:.0f} s for quiet", flush=True)
+            waited = True
+        if time.monotonic() > deadline:
+            print(f"  machine still busy ({busy:.1f} cores used by others) after {max_wait_s:.0f} s: "
+                  "measuring anyway", flush=True)
+            return
+        time.sleep(3.0)
+
+
+def scrape_batch_stats(url: str) -> tuple[float, float]:
+    """(sum, count) of tuneloop_batch_size over all label sets."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("tuneloop_batch_size_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("tuneloop_batch_size_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+# ---------------------------------------------------------------------------------------
+# the systems
+
+
+def bench_naive(model_dir: Path, requests, args, work: Path) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "naive_server.py"), "--model-dir", str(model_dir),
+           "--port", str(port)]
+    if args.num_threads:
+        cmd += ["--num-threads", str(args.num_threads)]
+    extra = {"notes": ["non-streaming: TTFT = end-to-end latency; TPOT and ITL not measurable"]}
+    print(f"\n(a) naive: starting {url} ...", flush=True)
+    with service(cmd, f"{url}/health", work / "naive.log", timeout=180, cwd=ROOT) as proc:
+        # Warm-up outside the measurement (first-call costs), as the engines do at startup.
+        warm, _ = asyncio.run(drive_http(url, requests[:2], send_naive,
+                                         argparse.Namespace(**{**vars(args), "concurrency": 1}), "(a) warm-up"))
+        if failed := [r.error for r in warm if not r.ok]:
+            raise RuntimeError(f"warm-up request failed: {failed[0]}")
+        with measured(extra, proc.pid):
+            results, duration = asyncio.run(drive_http(url, requests, send_naive, args, "(a) naive"))
+    return summarize("(a) naive", requests, results, duration, extra)
+
+
+def bench_engine(engine: str, model_dir: Path, requests, args, work: Path) -> dict:
+    label = {"adaptive": "(b) adaptive", "continuous": "(c) continuous"}[engine]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        "BENTOML_HOME": str(work / "bentoml"),
+        "TUNELOOP_HOME": str(work / "home"),
+        "TUNELOOP_SERVE_MODEL_DIR": str(model_dir),
+        "TUNELOOP_SERVE_ENGINE": engine,
+        "TUNELOOP_SERVE_MODEL_NAME": MODEL_NAME,
+        **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()},
+    }
+    if args.num_threads:
+        env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
+    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",
+           "--host", "127.0.0.1", "--port", str(port)]
+    print(f"\n{label}: starting bentoml serve on {url} ...", flush=True)
+    started = time.perf_counter()
+    extra: dict = {}
+    with service(cmd, f"{url}/readyz", work / f"serve-{engine}.log", env=env, timeout=240, cwd=ROOT) as proc:
+        print(f"{label}: ready in {time.perf_counter() - started:.0f} s", flush=True)
+        before = scrape_batch_stats(url)
+        with measured(extra, proc.pid):
+            results, duration = asyncio.run(drive_http(url, requests, send_chat_stream, args, label))
+        after = scrape_batch_stats(url)
+    batches = after[1] - before[1]
+    if batches:
+        extra["mean_batch_size"] = (after[0] - before[0]) / batches
+        unit, per = ("generate batches", "batch") if engine == "adaptive" else ("decoding steps", "step")
+        extra.setdefault("notes", []).append(f"{int(batches)} {unit}; mean batch size = rows per {per}")
+    return summarize(label, requests, results, duration, extra)
+
+
+def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> dict:
+    """(d): the same model in this process, no HTTP; the better of continuous and offline padded batches."""
+    from components.serving.engine import (
+        BatchGenerator,
+        ContinuousEngine,
+        GenerationStream,
+        SamplingParams,
+        load_model,
+    )
+
+    loaded = load_model(model_dir, args.num_threads)
+    runs = []
+
+    async def consume(stream: GenerationStream, sent: float) -> RequestResult:
+        result = RequestResult(prompt_tokens=len(stream.prompt_ids))
+        last = None
+        async for tokens in stream.events():
+            now = time.perf_counter()
+            if last is None:
+                result.ttft = now - sent
+            else:
+                result.itl.append(now - last)
+            last = now
+        result.e2e = time.perf_counter() - sent
+        result.output_tokens = stream.num_generated
+        result.ok = True
+        return result
+
+    # ---- continuous engine, fed exactly like the servers: same concurrency, same arrivals
+    if "continuous" in args.inprocess_modes:
+        engine = ContinuousEngine(loaded, serving.num_blocks, serving.page_size, serving.max_batch_tokens)
+        engine.launch()
+        try:
+            async def send(req: BenchRequest) -> RequestResult:
+                stream = GenerationStream(f"bench-{req.index}-{time.perf_counter_ns()}", req.prompt_ids,
+                                          SamplingParams(max_new_tokens=req.max_tokens, temperature=0.0))
+                sent = time.perf_counter()
+                engine.submit(stream)
+                return await consume(stream, sent)
+
+            async def go(reqs, label):
+                return await run_workload(reqs, send, args.concurrency, args.request_rate, args.seed, label)
+
+            warm, _ = asyncio.run(go(requests[:4], "(d) warm-up"))
+            if failed := [r.error for r in warm if not r.ok]:
+                raise RuntimeError(f"warm-up request failed: {failed[0]}")
+            extra: dict = {"notes": ["continuous engine in-process, same concurrency and arrivals"]}
+            with measured(extra):
+                results, duration = asyncio.run(go(requests, "(d) in-process continuous"))
+            runs.append(summarize("(d) in-process", requests, results, duration, extra))
+        finally:
+            engine.stop()
+
+    # ---- left-padded generate, offline batches of similar length (the adaptive engine's kernel at its best)
+    if "static" in args.inprocess_modes:
+        batcher = BatchGenerator(loaded)
+
+        async def offline() -> tuple[list[RequestResult], float]:
+            loop = asyncio.get_running_loop()
+            order = sorted(requests, key=lambda r: r.max_tokens)
+            results: dict[int, RequestResult] = {}
+            started = time.perf_counter()
+            for i in range(0, len(order), args.concurrency):
+                group = order[i:i + args.concurrency]
+                streams = [GenerationStream(f"static-{r.index}", r.prompt_ids,
+                                            SamplingParams(max_new_tokens=r.max_tokens, temperature=0.0))
+                           for r in group]
+                sent = time.perf_counter()
+                consumers = [asyncio.create_task(consume(s, sent)) for s in streams]
+                await loop.run_in_executor(None, batcher.run, streams)
+                for r, res in zip(group, await asyncio.gather(*consumers)):
+                    results[r.index] = res
+            return [results[r.index] for r in requests], time.perf_counter() - started
+
+        async def warm():
+            loop = asyncio.get_running_loop()
+            s = GenerationStream("static-warm", requests[0].prompt_ids, SamplingParams(max_new_tokens=4, temperature=0))
+            await loop.run_in_executor(None, batcher.run, [s])
+
+        asyncio.run(warm())
+        extra = {"notes": [f"left-padded generate, offline batches of {args.concurrency} sorted by max_tokens "
+                           "(latencies from each batch's start)"]}
+        with measured(extra):
+            results, duration = asyncio.run(offline())
+        runs.append(summarize("(d) in-process", requests, results, duration, extra))
+
+    for r in runs:
+        r["mode"] = r["notes"][0]
+        print(f"  (d) candidate: {r['mode']}: {r['output_throughput']:.1f} output tok/s "
+              f"(other processes used {r['others_cpu']:.2f} cores meanwhile)")
+    best = max(runs, key=lambda s: s["output_throughput"])
+    best["candidates"] = {r["mode"]: r["output_throughput"] for r in runs}
+    return best
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def resolve_model(args) -> Path:
+    if args.model_dir:
+        return args.model_dir.resolve()
+    from components.bootstrap import bootstrap_base_model
+
+    cfg = load_config(None)
+    print(f"base model: {cfg.bootstrap_dir} (built on first use, cached after)", flush=True)
+    return bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir)
+
+
+def parse_serving(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in ServingConfig.model_fields:
+            raise SystemExit(f"--serving {item!r}: expected KEY=VALUE with KEY a serving setting "
+                             f"({', '.join(ServingConfig.model_fields)})")
+        out[key] = value
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-requests", type=int, default=192)
+    parser.add_argument("--quick", action="store_true", help="64 requests (overrides --num-requests)")
+    parser.add_argument("--concurrency", type=int, default=32, help="clients in flight at most")
+    parser.add_argument("--request-rate", type=float, default=math.inf,
+                        help="Poisson arrivals per second (default inf: all at once, fixed concurrency)")
+    parser.add_argument("--min-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}")
+    parser.add_argument("--inprocess-modes", default="continuous,static",
+                        help="(d) candidates: continuous (engine at the same concurrency), static (padded batches)")
+    parser.add_argument("--model-dir", type=Path, help="model folder (default: the bootstrap base model)")
+    parser.add_argument("--data", type=Path, default=DATA, help="chat JSONL the prompts come from")
+    parser.add_argument("--num-threads", type=int, help="torch threads for every system (default: each one's default)")
+    parser.add_argument("--serving", action="append", default=[], metavar="KEY=VALUE",
+                        help="serving setting for both engines and (d), e.g. max_batch_tokens=256 (repeatable)")
+    parser.add_argument("--wait-quiet", type=float, default=120.0, metavar="SECONDS",
+                        help="before each system, wait up to this long for other processes to go quiet (0: don't)")
+    parser.add_argument("--json", type=Path, help="also write the summaries here")
+    args = parser.parse_args()
+    # A plain SIGTERM would skip the `finally`s that stop the servers: make it an exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.quick:
+        args.num_requests = 64
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if unknown := set(systems) - set(SYSTEMS):
+        raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {SYSTEMS}")
+    args.inprocess_modes = {m.strip() for m in args.inprocess_modes.split(",") if m.strip()}
+    args.serving = parse_serving(args.serving)
+    serving = ServingConfig(**{**load_config(None).serving.model_dump(), **args.serving})
+
+    model_dir = resolve_model(args)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    requests = build_workload(args.data, tokenizer, args.num_requests, args.min_tokens, args.max_tokens, args.seed)
+    rate = "inf (fixed concurrency)" if not math.isfinite(args.request_rate) else f"{args.request_rate}/s Poisson"
+    print(f"model {model_dir}\nworkload: {len(requests)} requests from {args.data}, max_tokens "
+          f"{args.min_tokens}-{args.max_tokens} (requested total {sum(r.max_tokens for r in requests)}), "
+          f"prompt tokens mean {sum(len(r.prompt_ids) for r in requests) / len(requests):.0f}, "
+          f"concurrency {args.concurrency}, arrivals {rate}, greedy\n"
+          f"cores {os.cpu_count()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
+          f"torch threads {args.num_threads or 'default'}, serving overrides {args.serving or 'none'}", flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="tuneloop-serving-bench-"))
+    summaries = []
+    try:
+        for system in systems:
+            wait_until_quiet(args.wait_quiet)
+            try:
+                if system == "naive":
+                    s = bench_naive(model_dir, requests, args, work)
+                elif system == "inprocess":
+                    s = bench_inprocess(model_dir, requests, args, serving)
+                else:
+                    s = bench_engine(system, model_dir, requests, args, work)
+            except (RuntimeError, TimeoutError) as exc:  # one broken system must not hide the others' numbers
+                print(f"\n{system}: FAILED, not measured: {exc}", flush=True)
+                continue
+            print_system(s)
+            summaries.append(s)
+    finally:
+        if summaries:
+            print_comparison(summaries)
+        if args.json:
+            args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, (Path, set)) else v)
+                                                      for k, v in vars(args).items()},
+                                             "summaries": summaries}, indent=2))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
