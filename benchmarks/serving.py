@@ -121,6 +121,16 @@ class RequestResult:
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)  # gaps between content chunks
     streamed: bool = True
+    _last: float | None = None
+
+    def token_arrived(self, sent: float) -> None:
+        """Record one content chunk: the first sets TTFT, later ones add an inter-token gap."""
+        now = time.perf_counter()
+        if self._last is None:
+            self.ttft = now - sent
+        else:
+            self.itl.append(now - self._last)
+        self._last = now
 
 
 async def run_workload(requests: list[BenchRequest], send, concurrency: int, request_rate: float,
@@ -167,7 +177,6 @@ async def send_chat_stream(session, url: str, req: BenchRequest) -> RequestResul
             "stream": True, "stream_options": {"include_usage": True}}
     result = RequestResult()
     sent = time.perf_counter()
-    last = None
     chunks = 0
     async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
@@ -189,12 +198,7 @@ async def send_chat_stream(session, url: str, req: BenchRequest) -> RequestResul
                 result.output_tokens = event["usage"]["completion_tokens"]
             for choice in event.get("choices", []):
                 if choice.get("delta", {}).get("content"):
-                    now = time.perf_counter()
-                    if last is None:
-                        result.ttft = now - sent
-                    else:
-                        result.itl.append(now - last)
-                    last = now
+                    result.token_arrived(sent)
                     chunks += 1
     result.e2e = time.perf_counter() - sent
     if not result.output_tokens:  # no usage chunk: count content chunks instead
@@ -497,14 +501,8 @@ def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> 
 
     async def consume(stream: GenerationStream, sent: float) -> RequestResult:
         result = RequestResult(prompt_tokens=len(stream.prompt_ids))
-        last = None
         async for tokens in stream.events():
-            now = time.perf_counter()
-            if last is None:
-                result.ttft = now - sent
-            else:
-                result.itl.append(now - last)
-            last = now
+            result.token_arrived(sent)
         result.e2e = time.perf_counter() - sent
         result.output_tokens = stream.num_generated
         result.ok = True
