@@ -30,7 +30,7 @@ registry_app = typer.Typer(help="MLflow registry: promotion history and rollback
 app.add_typer(registry_app, name="registry")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (file:line: reason)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
 
@@ -167,6 +167,10 @@ def train(
     """Run the training flow: validate, fine-tune candidates, evaluate, bless, promote."""
     cfg = _load(config)
     _use_prefect(cfg)
+    from components.bootstrap import BootstrapError
+    from components.config import ConfigError
+    from components.data.formats import DataError
+    from components.training.launch import TrainingError
     from flows.training import ValidationFailed, training_flow
 
     try:
@@ -177,6 +181,10 @@ def train(
         )
     except ValidationFailed as exc:
         _fail(f"validation failed; nothing was trained or promoted\n{exc}", code=1)
+    except (DataError, ConfigError, BootstrapError) as exc:
+        _fail(f"{exc}\nnothing was trained or promoted", code=1)
+    except TrainingError as exc:
+        _fail(f"training failed; nothing was promoted\n{exc}", code=1)
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:

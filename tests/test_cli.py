@@ -13,7 +13,7 @@ VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["t
 
 
 def run(*args, **kw):
-    return subprocess.run(TUNELOOP + list(args), capture_output=True, text=True, timeout=60, **kw)
+    return subprocess.run(TUNELOOP + list(args), capture_output=True, text=True, timeout=300, **kw)
 
 
 @pytest.mark.parametrize("verb", VERBS, ids=lambda v: " ".join(v) or "top")
@@ -107,3 +107,19 @@ def test_registry_history_and_rollback_verbs(tmp_path):
     empty = dict(env, TUNELOOP_HOME=str(tmp_path / "empty"))
     none = run("registry", "rollback", env=empty)
     assert none.returncode == 1 and "no previous champion" in none.stderr and "Traceback" not in none.stderr
+
+
+@pytest.mark.slow
+def test_train_with_bad_rows_and_on_bad_rows_fail_is_a_clear_error(tmp_path, demo_base_model):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   '{"messages": [{"role": "robot", "content": "hi"}]}\nnot json\n')
+    env = isolated_env(tmp_path, demo_base_model)
+    env["TUNELOOP__DATA__ON_BAD_ROWS"] = "fail"
+    out = run("train", "--data", str(bad), env=env)
+    assert out.returncode == 1
+    last = out.stderr[out.stderr.rindex("error:"):]
+    assert "bad.jsonl:2: messages[0]: unknown role 'robot'" in last
+    assert "bad.jsonl:3: invalid JSON" in last
+    assert "nothing was trained or promoted" in last
+    assert not (tmp_path / "home" / "runs").exists()
