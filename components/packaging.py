@@ -46,7 +46,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from typing import Any, Callable
 import yaml
 
 from components.config import REPO_ROOT, TuneloopConfig
+from components.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -400,12 +400,6 @@ def containerize_command(cfg: TuneloopConfig, bento_tag: str, image: str | None 
 
 # ---------------------------------------------------------------------------------------
 # 3. infra validation: the real server, a real request
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

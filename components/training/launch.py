@@ -22,7 +22,6 @@ import collections
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from components.config import REPO_ROOT, ConfigError, TrainingConfig, TuneloopConfig, _format_errors
+from components.ports import free_port
 
 SPEC_FILE = "spec.json"
 RESULT_FILE = "train_result.json"
@@ -171,13 +171,6 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
 
 # ---------------------------------------------------------------------------------------
 # launching
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the rendezvous of the job's processes)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def training_command(spec: TrainSpec, port: int) -> list[str]:
