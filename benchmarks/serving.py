@@ -1,4 +1,4 @@
-"""Serving benchmark in vLLM's terms: a naive server vs both engines vs the in-process limit.
+"""Serving benchmark in vLLM's terms: a naive server vs the engines vs the in-process limit.
 
     python benchmarks/serving.py                      # 192 requests, 32 concurrent clients
     python benchmarks/serving.py --quick              # 64 requests
@@ -11,10 +11,11 @@ One invocation runs the same seeded workload against, one after the other:
                   and TPOT / inter-token latency do not exist for it);
   (b) adaptive    `bentoml serve bentos.service:TuneloopLLM` with the adaptive engine;
   (c) continuous  the same with the continuous engine;
-  (d) in-process  no HTTP: the same model in this process, best of two ways of batching
-                  the same workload: the continuous engine fed at the same concurrency,
-                  and left-padded `generate` over offline batches (requests sorted by
-                  max_tokens, `--concurrency` per batch).
+  (c2) slots      the same with the slots engine (the default);
+  (d) in-process  no HTTP: the same model in this process, best of three ways of batching
+                  the same workload: the slots and the continuous engine fed at the same
+                  concurrency, and left-padded `generate` over offline batches (requests
+                  sorted by max_tokens, `--concurrency` per batch).
 Each server is started on a free 127.0.0.1 port, measured, and stopped before the next.
 
 Workload: chat rows of data/sample/train.jsonl (the conversation up to the assistant's
@@ -62,7 +63,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from components.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import free_port, service  # noqa: E402
 
-SYSTEMS = ["naive", "adaptive", "continuous", "inprocess"]
+SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]
+LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
 DATA = ROOT / "data" / "sample" / "train.jsonl"
 MODEL_NAME = "bench-chat"
 
@@ -329,7 +331,7 @@ def print_comparison(summaries: list[dict]) -> None:
               f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}")
     print("(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
           "used during the run)")
-    engines = [by[k] for k in ("(b) adaptive", "(c) continuous") if k in by]
+    engines = [by[k] for k in LABELS.values() if k in by]
     if engines:
         best = max(engines, key=lambda s: s["output_throughput"])
         print(f"\nbest engine: {best['system']} at {best['output_throughput']:.1f} output tok/s")
@@ -454,7 +456,7 @@ def bench_naive(model_dir: Path, requests, args, work: Path) -> dict:
 
 
 def bench_engine(engine: str, model_dir: Path, requests, args, work: Path) -> dict:
-    label = {"adaptive": "(b) adaptive", "continuous": "(c) continuous"}[engine]
+    label = LABELS[engine]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -487,7 +489,7 @@ def bench_engine(engine: str, model_dir: Path, requests, args, work: Path) -> di
 
 
 def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> dict:
-    """(d): the same model in this process, no HTTP; the better of continuous and offline padded batches."""
+    """(d): the same model in this process, no HTTP; the best of the engines fed in-process and offline padded batches."""
     from components.serving.engine import (
         BatchGenerator,
         ContinuousEngine,
@@ -495,6 +497,7 @@ def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> 
         SamplingParams,
         load_model,
     )
+    from components.serving.slots import SlotEngine
 
     loaded = load_model(model_dir, args.num_threads)
     runs = []
@@ -508,10 +511,17 @@ def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> 
         result.ok = True
         return result
 
-    # ---- continuous engine, fed exactly like the servers: same concurrency, same arrivals
-    if "continuous" in args.inprocess_modes:
-        engine = ContinuousEngine(loaded, serving.num_blocks, serving.page_size, serving.max_batch_tokens)
+    # ---- the iteration-level engines, fed exactly like the servers: same concurrency, same arrivals
+    for mode in ("slots", "continuous"):
+        if mode not in args.inprocess_modes:
+            continue
+        if mode == "slots":
+            engine = SlotEngine(loaded, serving.max_batch_size, serving.max_prefill_tokens, compile=serving.compile)
+        else:
+            engine = ContinuousEngine(loaded, serving.num_blocks, serving.page_size, serving.max_batch_tokens)
         engine.launch()
+        if mode == "slots":
+            engine.ready.wait()  # compiled (serving.compile), as a server is before it is ready
         try:
             async def send(req: BenchRequest) -> RequestResult:
                 stream = GenerationStream(f"bench-{req.index}-{time.perf_counter_ns()}", req.prompt_ids,
@@ -526,9 +536,9 @@ def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> 
             warm, _ = asyncio.run(go(requests[:4], "(d) warm-up"))
             if failed := [r.error for r in warm if not r.ok]:
                 raise RuntimeError(f"warm-up request failed: {failed[0]}")
-            extra: dict = {"notes": ["continuous engine in-process, same concurrency and arrivals"]}
+            extra: dict = {"notes": [f"{mode} engine in-process, same concurrency and arrivals"]}
             with measured(extra):
-                results, duration = asyncio.run(go(requests, "(d) in-process continuous"))
+                results, duration = asyncio.run(go(requests, f"(d) in-process {mode}"))
             runs.append(summarize("(d) in-process", requests, results, duration, extra))
         finally:
             engine.stop()
@@ -611,8 +621,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}")
-    parser.add_argument("--inprocess-modes", default="continuous,static",
-                        help="(d) candidates: continuous (engine at the same concurrency), static (padded batches)")
+    parser.add_argument("--inprocess-modes", default="slots,continuous,static",
+                        help="(d) candidates: slots, continuous (engines at the same concurrency), "
+                             "static (padded batches)")
     parser.add_argument("--model-dir", type=Path, help="model folder (default: the bootstrap base model)")
     parser.add_argument("--data", type=Path, default=DATA, help="chat JSONL the prompts come from")
     parser.add_argument("--num-threads", type=int, help="torch threads for every system (default: each one's default)")

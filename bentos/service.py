@@ -10,7 +10,7 @@ configs/default.yaml), section `serving`
     TUNELOOP_SERVE_MODEL_DIR       Hugging Face model folder to serve
     TUNELOOP_SERVE_MODEL_NAME      registered name      } /v1/models id = "<name>:<version>";
     TUNELOOP_SERVE_MODEL_VERSION   registered version   } requests may also use <name>
-    TUNELOOP_SERVE_ENGINE          adaptive | continuous
+    TUNELOOP_SERVE_ENGINE          adaptive | continuous | slots
     TUNELOOP__SERVING__<KEY>       any other serving key, e.g. TUNELOOP__SERVING__ALIASES='[tuneloop-chat@champion]'
 
 Packaging seam: a bento must carry its model. The packaging step (components/packaging.py)
@@ -30,6 +30,8 @@ Engines (serving.engine):
   token stream back to the route live in a process-local registry (the self-call never
   leaves this worker process). One left-padded `generate` runs per batch.
 - continuous: transformers' continuous batching manager, called directly.
+- slots (default): our iteration-level batching over per-request KV-cache slots
+  (components/serving/slots.py), called directly.
 
 BentoML 1.4.40 in-process client bug (field notes; upstream issues 5540/5544): the
 client behind `self.to_async` closes its HTTP session every 100 requests / 300 s while
@@ -88,6 +90,7 @@ class TuneloopLLM:
         from components.serving.metrics import ServingMetrics
         from components.serving.openai_api import OpenAIServer
         from components.serving.setup import resolve_model_dir, served_model
+        from components.serving.slots import SlotEngine
 
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
         loaded = load_model(model_dir, SERVING.num_threads)
@@ -101,7 +104,12 @@ class TuneloopLLM:
             if self.server is not None and self.server.ready:  # warm-up batches are not traffic
                 self.metrics.observe_batch(size)
 
-        if SERVING.engine == "continuous":
+        if SERVING.engine == "slots":
+            self.engine = SlotEngine(loaded, SERVING.max_batch_size, SERVING.max_prefill_tokens,
+                                     compile=SERVING.compile, on_batch=on_batch)
+            self.engine.launch()
+            backend = self.engine
+        elif SERVING.engine == "continuous":
             self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
                                            on_batch=on_batch)
             self.engine.launch()
@@ -119,6 +127,7 @@ class TuneloopLLM:
             default_max_tokens=SERVING.default_max_tokens,
             max_tokens_limit=SERVING.max_tokens_limit,
             metrics=self.metrics,
+            stream_interval_s=SERVING.stream_interval_ms / 1000,
         )
         app.state.server = self.server
         log.info("serving %s from %s with the %s engine", served.id, model_dir, SERVING.engine)
@@ -143,7 +152,7 @@ class TuneloopLLM:
             log.exception("warm-up failed: the service stays not ready")
 
     def __is_ready__(self) -> bool:
-        engine_alive = self.engine is None or self.engine.is_running  # continuous: its thread may die
+        engine_alive = self.engine is None or self.engine.is_running  # continuous/slots: its thread may die
         return self.server is not None and self.server.ready and engine_alive
 
     @bentoml.on_shutdown

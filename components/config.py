@@ -200,8 +200,9 @@ class ServingConfig(Section):
 
     # adaptive: BentoML adaptive batching over left-padded batched generate (request-level
     # batches). continuous: transformers' continuous batching (requests join and leave the
-    # running batch every step).
-    engine: Literal["adaptive", "continuous"] = "continuous"
+    # running batch every step). slots: iteration-level batching like continuous, over a
+    # preallocated KV-cache slot per request (components/serving/slots.py); the fastest here.
+    engine: Literal["adaptive", "continuous", "slots"] = "slots"
     # The model folder served. None: the base model (model.base_model). A packaged bento
     # sets bento_model instead (a BentoML model tag); it wins over model_dir.
     model_dir: Path | None = None
@@ -210,7 +211,8 @@ class ServingConfig(Section):
     model_name: str = "tuneloop-chat"
     model_version: str = "local"
     aliases: list[str] = []
-    # adaptive engine: largest batch, and BentoML's latency budget. BentoML drops (503)
+    # adaptive engine: largest batch, and BentoML's latency budget (slots engine: the
+    # number of slots, i.e. requests decoding together; the rest wait in its queue). BentoML drops (503)
     # queued requests it predicts will exceed max_latency_ms, so this is the worst
     # acceptable queueing + generation time, not a batching window.
     max_batch_size: int = Field(32, ge=2)
@@ -220,6 +222,15 @@ class ServingConfig(Section):
     num_blocks: int = Field(256, ge=1)
     page_size: int = Field(32, ge=4)
     max_batch_tokens: int = Field(512, ge=16)
+    # slots engine: prompt tokens (padded) prefilled per step, so a burst of newcomers
+    # does not stall running streams; and torch.compile of the model forward (~1/3 faster
+    # per step on CPU; compiling takes 10-70 s before the server is ready, cached after;
+    # a model it cannot compile is served uncompiled).
+    max_prefill_tokens: int = Field(2048, ge=16)
+    compile: bool = True
+    # Streaming: tokens of one stream produced within this window travel in one SSE chunk
+    # (the first token is always sent at once). 0 = a chunk per engine step.
+    stream_interval_ms: float = Field(100.0, ge=0)
     # Admission: requests queued + running per worker; beyond it 429 with Retry-After.
     max_concurrency: int = Field(512, ge=1)
     retry_after_s: int = Field(1, ge=0)

@@ -1,5 +1,5 @@
 """The real thing: `bentoml serve bentos.service:TuneloopLLM` on a free port, driven by the
-official `openai` SDK (sync, async, streaming), for both engines.
+official `openai` SDK (sync, async, streaming), for all three engines.
 
 Covers: completions and chat completions, typed SDK exceptions (400, 404, 429), 256
 concurrent requests with zero errors (the BentoML 1.4.40 in-process client bug must not
@@ -57,7 +57,7 @@ def serve(model_dir: Path, tmp: Path, engine: str, **serving):
     return url, service(cmd, f"{url}/readyz", tmp / f"serve-{engine}-{port}.log", env=env, timeout=180, cwd=ROOT)
 
 
-@pytest.fixture(scope="module", params=["adaptive", "continuous"])
+@pytest.fixture(scope="module", params=["adaptive", "continuous", "slots"])
 def server(request, model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"serve-{request.param}")
     url, ctx = serve(model_dir, tmp, request.param, max_batch_size=32)
@@ -275,10 +275,10 @@ def test_openapi_spec_matches_the_routes(server):
 # a server with room for two generations at a time
 
 
-@pytest.fixture(scope="module")
-def small_server(model_dir, tmp_path_factory):
-    url, ctx = serve(model_dir, tmp_path_factory.mktemp("serve-small"), "continuous", max_concurrency=2,
-                     retry_after_s=3)
+@pytest.fixture(scope="module", params=["continuous", "slots"])
+def small_server(request, model_dir, tmp_path_factory):
+    url, ctx = serve(model_dir, tmp_path_factory.mktemp("serve-small"), request.param, max_concurrency=2,
+                     retry_after_s=3, compile="false")
     with ctx:
         yield url
 

@@ -1,6 +1,7 @@
-"""Serving: the OpenAI-compatible API over two generation engines (see bentos/service.py).
+"""Serving: the OpenAI-compatible API over three generation engines (see bentos/service.py).
 
 - engine.py: GenerationStream, the adaptive engine's BatchGenerator, ContinuousEngine
+- slots.py: SlotEngine (the default): iteration-level batching over per-request KV-cache slots
 - openai_api.py: schemas, FastAPI app, SSE, error handlers
 - errors.py: the one error family and its OpenAI/HTTP mapping
 - admission.py: bounded admission (429) and per-request deadlines (504)

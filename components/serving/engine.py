@@ -26,6 +26,8 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -55,12 +57,13 @@ class GenerationStream:
     """
 
     def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None, interval_s: float = 0.0):
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.loop = loop or asyncio.get_running_loop()
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._events: deque[tuple] = deque()  # delivered, not yet read
+        self._arrived = asyncio.Event()
         self._cancelled = threading.Event()
         self._cancel_hooks: list[Callable[[], None]] = []
         self.claimed = False  # an engine has started running it (so a retried submission is a no-op)
@@ -70,13 +73,27 @@ class GenerationStream:
         self.created_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        # Coalescing (serving.stream_interval_ms): tokens emitted within interval_s of the
+        # last hand-over wait here and go to the event loop together, as one SSE chunk.
+        self.interval_s = interval_s
+        self._held: list[int] = []
+        self._handed_at: float | None = None
 
-    # ---- engine side (any thread) ---------------------------------------------------
+    # ---- engine side (the engine's thread: one at a time per stream) ----------------
     def emit(self, token_ids: Sequence[int]) -> None:
-        if token_ids:
-            self._post(("tokens", list(token_ids)))
+        if not token_ids:
+            return
+        self._held.extend(token_ids)
+        now = time.perf_counter()
+        if self._handed_at is None or now - self._handed_at >= self.interval_s:  # the first token: at once
+            self._handed_at = now
+            self._post(("tokens", self._held))
+            self._held = []
 
     def finish(self, reason: str, error: BaseException | None = None) -> None:
+        if self._held:
+            self._post(("tokens", self._held))
+            self._held = []
         self._post(("finish", reason, error))
 
     @property
@@ -84,6 +101,9 @@ class GenerationStream:
         return self._cancelled.is_set()
 
     def _post(self, event: tuple) -> None:
+        if _held_deliveries.pending is not None:  # inside batched_delivery(): sent with the step's others
+            _held_deliveries.pending.append((self, event))
+            return
         try:
             self.loop.call_soon_threadsafe(self._deliver, event)
         except RuntimeError:  # loop closed: the server is shutting down, nobody is listening
@@ -100,7 +120,8 @@ class GenerationStream:
             self.num_generated += len(event[1])
         else:
             self.finish_reason, self.error, self.finished_at = event[1], event[2], now
-        self._queue.put_nowait(event)
+        self._events.append(event)
+        self._arrived.set()
 
     def add_cancel_hook(self, hook: Callable[[], None]) -> None:
         self._cancel_hooks.append(hook)
@@ -120,9 +141,16 @@ class GenerationStream:
     async def events(self):
         """Yield lists of new token ids until the generation ends; raise if it failed."""
         while True:
-            event = await self._queue.get()
+            while not self._events:
+                self._arrived.clear()
+                await self._arrived.wait()
+            event = self._events.popleft()
             if event[0] == "tokens":
-                yield event[1]
+                tokens = event[1]
+                # a reader that fell behind gets everything that has arrived in one piece
+                while self._events and self._events[0][0] == "tokens":
+                    tokens = tokens + self._events.popleft()[1]
+                yield tokens
             else:
                 if event[1] == "error":
                     raise event[2] or RuntimeError("generation failed")
@@ -131,6 +159,40 @@ class GenerationStream:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+
+class _HeldDeliveries(threading.local):
+    pending: list[tuple[GenerationStream, tuple]] | None = None
+
+
+_held_deliveries = _HeldDeliveries()
+
+
+@contextmanager
+def batched_delivery():
+    """Within it, what this thread emits to streams reaches each event loop in one call.
+
+    An engine wraps a decoding step in it: one wake-up of the event loop per step, not one
+    per stream (each call_soon_threadsafe writes to the loop's wake-up pipe).
+    """
+    _held_deliveries.pending = []
+    try:
+        yield
+    finally:
+        held, _held_deliveries.pending = _held_deliveries.pending, None
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for stream, event in held:
+            by_loop.setdefault(stream.loop, []).append((stream, event))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # loop closed: the server is shutting down
+                pass
+
+
+def _deliver_all(items: list[tuple[GenerationStream, tuple]]) -> None:
+    for stream, event in items:
+        stream._deliver(event)
 
 
 # ---------------------------------------------------------------------------------------
@@ -325,6 +387,11 @@ class _RowTracker:
         import torch
 
         last = input_ids[:, -1].tolist()
+        with batched_delivery():
+            self._hand_out(last)
+        return torch.tensor(self.ended, dtype=torch.bool, device=input_ids.device)
+
+    def _hand_out(self, last: list[int]) -> None:
         for i, s in enumerate(self.streams):
             if self.ended[i]:
                 continue
@@ -337,7 +404,6 @@ class _RowTracker:
                 self.counts[i] += 1
                 if self.counts[i] >= s.params.max_new_tokens:
                     self._end(i, "length")
-        return torch.tensor(self.ended, dtype=torch.bool, device=input_ids.device)
 
     def _end(self, i: int, reason: str) -> None:
         self.ended[i] = True

@@ -9,7 +9,7 @@
 | tuneloop_generation_tokens_total           | counter   | model, engine   | tokens generated (also for cut-off ones)  |
 | tuneloop_num_requests_running              | gauge     | model, engine   | generations that produced a token         |
 | tuneloop_num_requests_waiting              | gauge     | model, engine   | admitted, no token yet                    |
-| tuneloop_batch_size                        | histogram | engine          | rows per batch / per step (continuous)    |
+| tuneloop_batch_size                        | histogram | engine          | rows per batch / per step (continuous, slots)|
 | tuneloop_requests_rejected_total           | counter   | reason          | error answers + aborted generations       |
 | tuneloop_request_success_total             | counter   | finish_reason   | generations finished with stop / length   |
 | tuneloop_internal_retries_total            | counter   | error           | in-process calls retried (BentoML bug)    |
@@ -53,7 +53,7 @@ class ServingMetrics:
         self.waiting = prom.Gauge("tuneloop_num_requests_waiting", "Admitted generations without a token yet",
                                   labels, multiprocess_mode="livesum", **kw)
         self.batch_size = prom.Histogram("tuneloop_batch_size", "Rows per generation batch (adaptive) or step "
-                                         "(continuous)", ["engine"], buckets=BATCH_SIZE_BUCKETS, **kw)
+                                         "(continuous, slots)", ["engine"], buckets=BATCH_SIZE_BUCKETS, **kw)
         self.rejected = prom.Counter("tuneloop_requests_rejected", "Requests refused or aborted, by reason",
                                      ["reason"], **kw)
         self.success = prom.Counter("tuneloop_request_success", "Generations finished", ["finish_reason"], **kw)

@@ -1,0 +1,217 @@
+"""The slots engine (components/serving/slots.py), in-process: greedy output equal to
+single-request `generate` while requests join, wait for a slot, leave and move between
+slots; seeded sampling equal to the other engines; cancellation; the torch.compile'd
+variant; and the coalescing of streamed tokens (serving.stream_interval_ms).
+
+Through the real `bentoml serve` it is covered with the other engines in test_serving_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.serving_tiny_model import build_tiny_model  # noqa: E402
+from tests.test_serving_engine import PROMPTS, collect, reference, run_adaptive  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    from components.serving.engine import load_model
+
+    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
+
+
+def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None):
+    """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
+
+    stagger_s > 0: requests arrive at random times within it (seeded), so newcomers join
+    a running batch and are prefilled between other rows' decoding steps.
+    """
+    from components.serving.engine import GenerationStream
+    from components.serving.slots import SlotEngine
+
+    async def main():
+        engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
+                            on_batch=sizes.append if sizes is not None else None)
+        engine.launch()
+        await asyncio.to_thread(engine.ready.wait, 600)
+        rng = random.Random(0)
+
+        async def one(i, ids, params):
+            await asyncio.sleep(rng.random() * stagger_s)
+            stream = GenerationStream(f"s{i}", ids, params)
+            engine.submit(stream)
+            return await collect(stream)
+
+        try:
+            return await asyncio.gather(*(one(i, ids, p) for i, (ids, p) in enumerate(specs)))
+        finally:
+            if engine_out is not None:
+                engine_out.append(engine)
+            engine.stop()
+
+    return asyncio.run(main())
+
+
+def many_specs(loaded, n=24, seed=1):
+    """n prompts of 1..40 tokens, max_tokens 1..60: more requests than slots, uneven lengths."""
+    from components.serving.engine import SamplingParams
+
+    rng = random.Random(seed)
+    tok = loaded.tokenizer
+    specs = []
+    for i in range(n):
+        text = " ".join(rng.choice(PROMPTS) for _ in range(rng.randint(1, 3)))
+        ids = tok(text)["input_ids"][: rng.randint(1, 40)]
+        specs.append((ids, SamplingParams(max_new_tokens=rng.randint(1, 60), temperature=0.0)))
+    return specs
+
+
+def assert_greedy_matches(loaded, specs, results):
+    for (ids, params), (got, finish) in zip(specs, results):
+        want = reference(loaded, ids, params.max_new_tokens)
+        assert got == want, f"prompt of {len(ids)} tokens, max_tokens {params.max_new_tokens}"
+        assert finish == ("length" if len(want) == params.max_new_tokens else "stop")
+
+
+def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded):
+    specs = many_specs(loaded)
+    sizes: list[int] = []
+    engines: list = []
+    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines)
+    assert_greedy_matches(loaded, specs, results)
+    assert 4 <= max(sizes) <= 8  # never more rows than slots: 24 requests took turns
+    assert len(set(sizes)) > 3  # the batch grew and shrank step by step
+    assert engines[0].rows == []  # every slot was freed
+
+
+def test_all_at_once_in_one_padded_prefill(loaded):
+    from components.serving.engine import SamplingParams
+
+    tok = loaded.tokenizer
+    specs = [(tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0))
+             for i, p in enumerate(PROMPTS)]
+    sizes: list[int] = []
+    assert_greedy_matches(loaded, specs, run_slots(loaded, specs, sizes=sizes))
+    assert sizes[0] == len(specs)  # prefilled together, then decoded together
+
+
+def test_a_long_prompt_next_to_short_ones_fits_the_context(loaded):
+    """Left padding to the longest prompt must not push a short prompt's generation past its slot."""
+    from components.serving.engine import SamplingParams
+
+    ctx = loaded.context_length
+    long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: ctx - 4]
+    short = loaded.tokenizer(PROMPTS[0])["input_ids"]
+    specs = [(long_prompt, SamplingParams(4, temperature=0.0)), (short, SamplingParams(100, temperature=0.0))]
+    assert_greedy_matches(loaded, specs, run_slots(loaded, specs))
+
+
+def test_seeded_sampling_equals_the_adaptive_engine(loaded):
+    from components.serving.engine import SamplingParams
+
+    ids = loaded.tokenizer(PROMPTS[1])["input_ids"]
+    seeded = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=1234)
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    s = run_slots(loaded, [(ids, seeded), (ids, greedy), (ids, seeded)])
+    a = run_adaptive(loaded, [(ids, seeded), (ids, greedy)])
+    assert s[0] == s[2] == a[0]
+    assert s[1] == a[1]
+
+
+def test_cancelled_generation_frees_its_slot(loaded):
+    from components.serving.engine import GenerationStream, SamplingParams
+    from components.serving.slots import SlotEngine
+
+    ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
+
+    async def main():
+        engine = SlotEngine(loaded, num_slots=2)
+        engine.launch()
+        try:
+            doomed = GenerationStream("k", ids, SamplingParams(max_new_tokens=200, temperature=0.0))
+            other = GenerationStream("o", ids, SamplingParams(max_new_tokens=30, temperature=0.0))
+            waiting = GenerationStream("w", ids, SamplingParams(max_new_tokens=5, temperature=0.0))
+            for s in (doomed, other, waiting):  # two slots: `waiting` needs the cancelled one's
+                engine.submit(s)
+            got = 0
+            async for new in doomed.events():
+                got += len(new)
+                if got >= 3:
+                    doomed.cancel()
+            other_ids, _ = await collect(other)
+            waiting_ids, _ = await collect(waiting)
+            return got, doomed.finish_reason, other_ids, waiting_ids, engine.rows
+        finally:
+            engine.stop()
+
+    got, reason, other_ids, waiting_ids, rows = asyncio.run(main())
+    assert reason == "cancelled" and got < 10
+    assert other_ids == reference(loaded, ids, 30)
+    assert waiting_ids == reference(loaded, ids, 5)
+    assert rows == []
+
+
+def test_compiled_engine_matches_generate(loaded):
+    """serving.compile: torch.compile'd forward, the same tokens (takes ~0.5-1 min to compile)."""
+    specs = many_specs(loaded, n=12, seed=2)
+    sizes: list[int] = []
+    results = run_slots(loaded, specs, num_slots=4, compile=True, stagger_s=0.2, sizes=sizes)
+    assert_greedy_matches(loaded, specs, results)
+    assert 2 <= max(sizes) <= 4
+
+
+def test_a_model_torch_compile_cannot_handle_is_served_uncompiled(loaded, monkeypatch):
+    """Fault simulation: compilation fails; the engine logs it and serves the eager model."""
+    from components.serving.slots import SlotEngine
+
+    def broken(self):
+        raise RuntimeError("simulated compiler failure")
+
+    monkeypatch.setattr(SlotEngine, "_compile_warm_up", broken)
+    specs = many_specs(loaded, n=4, seed=3)
+    engines: list = []
+    assert_greedy_matches(loaded, specs, run_slots(loaded, specs, compile=True, engine_out=engines))
+    assert engines[0].compiled is False
+
+
+def test_a_model_with_a_sliding_window_is_refused_with_a_clear_error(loaded):
+    from components.serving.slots import SlotEngine, SlotEngineError
+
+    loaded.model.config.sliding_window = 64
+    try:
+        with pytest.raises(SlotEngineError, match="serving.engine: continuous"):
+            SlotEngine(loaded, num_slots=2)
+    finally:
+        del loaded.model.config.sliding_window
+
+
+def test_stream_interval_coalesces_tokens_but_sends_the_first_at_once():
+    from components.serving.engine import GenerationStream, SamplingParams
+
+    async def main():
+        stream = GenerationStream("c", [1], SamplingParams(max_new_tokens=100), interval_s=0.05)
+
+        def engine():  # emits a token every 2 ms, like a fast decoding loop
+            for t in range(100):
+                stream.emit([t])
+                time.sleep(0.002)
+            stream.finish("length")
+
+        job = asyncio.get_running_loop().run_in_executor(None, engine)
+        pieces = [ids async for ids in stream.events()]
+        await job
+        return pieces
+
+    pieces = asyncio.run(main())
+    assert [t for p in pieces for t in p] == list(range(100))  # nothing lost, in order
+    assert pieces[0] == [0]  # time to first token is not delayed
+    assert 2 <= len(pieces) <= 10  # ~0.2 s of tokens in 50 ms chunks, not 100 chunks
