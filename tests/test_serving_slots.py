@@ -215,3 +215,32 @@ def test_stream_interval_coalesces_tokens_but_sends_the_first_at_once():
     assert [t for p in pieces for t in p] == list(range(100))  # nothing lost, in order
     assert pieces[0] == [0]  # time to first token is not delayed
     assert 2 <= len(pieces) <= 10  # ~0.2 s of tokens in 50 ms chunks, not 100 chunks
+
+
+def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
+    """Nobody waits forever on a server that shuts down: running and queued streams end with an error."""
+    from components.serving.engine import GenerationStream, SamplingParams
+    from components.serving.slots import SlotEngine
+
+    ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
+
+    async def main():
+        engine = SlotEngine(loaded, num_slots=1)
+        engine.launch()
+        running = GenerationStream("r", ids, SamplingParams(max_new_tokens=200, temperature=0.0))
+        queued = GenerationStream("q", ids, SamplingParams(max_new_tokens=5, temperature=0.0))
+        engine.submit(running)
+        engine.submit(queued)
+        async for _ in running.events():
+            break  # it is generating (and `queued` waits for its slot)
+        await asyncio.to_thread(engine.stop)
+        outcomes = []
+        for s in (running, queued):
+            try:
+                await asyncio.wait_for(collect(s), timeout=10)
+                outcomes.append(s.finish_reason)
+            except RuntimeError as exc:
+                outcomes.append(str(exc))
+        return outcomes
+
+    assert asyncio.run(main()) == ["the server is shutting down"] * 2

@@ -18,9 +18,9 @@ Unlike it, the model runs on a cache laid out for one machine's CPU as much as f
 
 It drives any Hugging Face decoder with full attention through the model's own forward:
 SlotCache is a transformers Cache whose layers write into the slots, and the model gets
-explicit position ids and 4D masks. Optionally the forward is torch.compile'd
-(serving.compile): about 1/3 faster per step on 2 CPU cores; it costs ~1 min of
-compilation at start-up (the warm-up compiles every shape class before the server is ready).
+explicit position ids and 4D masks. The forward is torch.compile'd when serving.compile
+is on (the default): ~1/3 faster per step on 2 CPU cores, for 10-70 s of compilation at
+start-up (the warm-up compiles every shape class before the server is ready).
 
 One loop on one thread:
   1. admit: queued requests take free slots; their prompts run as one left-padded prefill
@@ -241,8 +241,9 @@ class SlotEngine:
                     for row in self.rows:
                         row.stream.finish("error", exc)
                     self.rows = []
-        for row in self.rows:
-            row.stream.finish("error", RuntimeError("the server is shutting down"))
+        gone = RuntimeError("the server is shutting down")
+        for stream in [row.stream for row in self.rows] + list(self._inbox):
+            stream.finish("error", gone)
 
     def _step(self) -> None:
         self._drop_cancelled()
