@@ -487,12 +487,13 @@ def _check_answers(client, base: str) -> tuple[str, str, str]:
 
 
 def _answered(text: str | None, choice: dict, body: dict) -> bool:
-    """Text came back -- or the model generated tokens and chose to stop at once (an
-    end-of-text first token is a working model, not a broken server)."""
+    """Text came back -- or the model read the prompt and chose to stop at once: an
+    end-of-text first token is a working model, not a broken server. (The stop token is
+    not part of the text, nor of usage.completion_tokens, so that answer has 0 tokens.)"""
     usage = body.get("usage") or {}
-    if not isinstance(text, str) or "total_tokens" not in usage:
+    if not isinstance(text, str) or "total_tokens" not in usage or usage.get("prompt_tokens", 0) < 1:
         return False
-    return bool(text) or (choice.get("finish_reason") == "stop" and usage.get("completion_tokens", 0) >= 1)
+    return bool(text) or choice.get("finish_reason") == "stop"
 
 
 def infra_validate(bento_tag: str, cfg: TuneloopConfig, timeout: float | None = None,

@@ -192,3 +192,19 @@ def test_deploy_flow_deploys_and_writes_an_artifact(tmp_path, monkeypatch):
             deploy_champion_flow(str(s["config"]), version=v2)
         assert TAG_DEPLOYED_BENTO not in s["registry"].version(v2).tags
         assert packaging.deployed_bento(s["cfg"]) == result["bento_tag"]
+
+
+def test_a_model_that_stops_at_once_passes_the_answer_check():
+    """A champion whose greedy first token is end-of-text (seen from `make demo`: the
+    fine-tuned chat model answers a bare "Hello" completion with <|im_end|>) is working:
+    OpenAI shapes, prompt read, finish_reason "stop", no text, 0 completion tokens."""
+    from components.packaging import _answered
+
+    usage = {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}
+    assert _answered("", {"finish_reason": "stop"}, {"usage": usage})
+    assert _answered("hi", {"finish_reason": "length"}, {"usage": {**usage, "completion_tokens": 1}})
+    # but not an empty answer cut by length, a missing usage, or an unread prompt
+    assert not _answered("", {"finish_reason": "length"}, {"usage": usage})
+    assert not _answered("", {"finish_reason": "stop"}, {})
+    assert not _answered("", {"finish_reason": "stop"}, {"usage": {**usage, "prompt_tokens": 0}})
+    assert not _answered(None, {"finish_reason": "stop"}, {"usage": usage})
