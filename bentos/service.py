@@ -104,18 +104,17 @@ class TuneloopLLM:
             if self.server is not None and self.server.ready:  # warm-up batches are not traffic
                 self.metrics.observe_batch(size)
 
+        self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots":
             self.engine = SlotEngine(loaded, SERVING.max_batch_size, SERVING.max_prefill_tokens,
                                      compile=SERVING.compile, on_batch=on_batch)
-            self.engine.launch()
-            backend = self.engine
         elif SERVING.engine == "continuous":
             self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
                                            on_batch=on_batch)
+        if self.engine is not None:
             self.engine.launch()
             backend = self.engine
-        else:
-            self.engine = None
+        else:  # adaptive: BentoML's batcher calls generate_batch
             self.batcher = BatchGenerator(loaded, on_batch=on_batch)
             backend = _BentoBatchingBackend(self)
         self.pending: dict = {}  # request id -> GenerationStream, for generate_batch

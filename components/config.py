@@ -211,10 +211,10 @@ class ServingConfig(Section):
     model_name: str = "tuneloop-chat"
     model_version: str = "local"
     aliases: list[str] = []
-    # adaptive engine: largest batch, and BentoML's latency budget (slots engine: the
-    # number of slots, i.e. requests decoding together; the rest wait in its queue). BentoML drops (503)
+    # adaptive engine: largest batch, and BentoML's latency budget. BentoML drops (503)
     # queued requests it predicts will exceed max_latency_ms, so this is the worst
-    # acceptable queueing + generation time, not a batching window.
+    # acceptable queueing + generation time, not a batching window. slots engine:
+    # max_batch_size is its number of slots (requests decoding together; the rest queue).
     max_batch_size: int = Field(32, ge=2)
     max_latency_ms: int = Field(60000, ge=1)
     # continuous engine: KV-cache blocks (page_size tokens each) and tokens per step.

@@ -50,6 +50,16 @@ def reference(loaded, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out
 
 
+async def read_then_cancel(stream, after: int = 3) -> int:
+    """Read stream until `after` tokens have come, cancel it, drain it; the tokens read."""
+    got = 0
+    async for new in stream.events():
+        got += len(new)
+        if got >= after:
+            stream.cancel()
+    return got
+
+
 async def collect(stream) -> tuple[list[int], str]:
     ids = []
     async for new in stream.events():
@@ -159,11 +169,7 @@ def test_cancelled_generation_stops(loaded, engine):
             ce.launch()
             ce.submit(stream)
             ce.submit(other)
-        got = 0
-        async for new in stream.events():
-            got += len(new)
-            if got >= 3:
-                stream.cancel()
+        got = await read_then_cancel(stream)
         other_ids, _ = await collect(other)  # the batch goes on for the others
         if engine == "adaptive":
             await job

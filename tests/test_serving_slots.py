@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from tests.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import PROMPTS, collect, reference, run_adaptive  # noqa: E402
+from tests.test_serving_engine import PROMPTS, collect, read_then_cancel, reference, run_adaptive  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +142,7 @@ def test_cancelled_generation_frees_its_slot(loaded):
             waiting = GenerationStream("w", ids, SamplingParams(max_new_tokens=5, temperature=0.0))
             for s in (doomed, other, waiting):  # two slots: `waiting` needs the cancelled one's
                 engine.submit(s)
-            got = 0
-            async for new in doomed.events():
-                got += len(new)
-                if got >= 3:
-                    doomed.cancel()
+            got = await read_then_cancel(doomed)
             other_ids, _ = await collect(other)
             waiting_ids, _ = await collect(waiting)
             return got, doomed.finish_reason, other_ids, waiting_ids, engine.rows

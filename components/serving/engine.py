@@ -1,4 +1,5 @@
-"""The two generation engines behind the OpenAI API, and what they share.
+"""Two of the generation engines behind the OpenAI API, and what all three share
+(the third, the default "slots" engine, is in slots.py).
 
 A request becomes a GenerationStream: prompt token ids + SamplingParams in, token ids out.
 Engines run the model on their own thread and push tokens into the stream; the asyncio
@@ -13,7 +14,7 @@ cancel the stream (client gone, timeout, stop string hit), which stops its gener
   requests join and leave the running batch at every step.
 
 Per-request sampling (temperature, top_p, seed) inside a shared batch is done by one
-function, sample_rows, used by both engines: each row that samples draws its token with
+function, sample_rows, used by every engine: each row that samples draws its token with
 its own torch.Generator (so a seed gives the same text whoever shares the batch) and
 its logits are replaced by a one-hot; greedy rows keep their logits. The model then runs
 with do_sample=False, so greedy rows are exactly `generate`'s argmax.

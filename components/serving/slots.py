@@ -184,7 +184,6 @@ class SlotEngine:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.steps = 0  # decoding steps run (for tests and benchmarks)
         self.ready = threading.Event()  # set once compiled (at once without serving.compile)
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -327,7 +326,6 @@ class SlotEngine:
         state = torch.tensor([(r.last, r.length, r.offset) for r in rows], device=self.device)
         self.cache.kv_len = max(r.write_at for r in rows) + 1
         logits = self._decode_forward(state)
-        self.steps += 1
         if self.on_batch:
             self.on_batch(n)
         for r in rows:
@@ -410,15 +408,11 @@ class SlotEngine:
 
         with torch.inference_mode():
             for prompts in ([[1]], [[1, 2, 3]], [[1], [2]], [[1, 2, 3], [4, 5]]):
-                newcomers = []
-                for ids in prompts:
-                    row = _Row(_Sink(ids, 3), offset=0, length=len(ids), last=-1)  # type: ignore[arg-type]
-                    newcomers.append(row)
-                    self.rows.append(row)
-                width = max(len(p) for p in prompts)
-                for row in newcomers:
-                    row.offset = width - row.length
+                # Rows made here, not through the queue: requests that arrive while this
+                # compiles (the server's own warm-up) wait, so each batch has the shape it should.
+                newcomers = [_Row(_Sink(ids, 3), offset=len(max(prompts, key=len)) - len(ids), length=len(ids),
+                                  last=-1) for ids in prompts]  # type: ignore[arg-type]
+                self.rows.extend(newcomers)
                 self._prefill(newcomers)
                 while self.rows:
                     self._decode(len(self.rows))
-        self.steps = 0
