@@ -516,7 +516,8 @@ def bench_inprocess(model_dir: Path, requests, args, serving: ServingConfig) -> 
         if mode not in args.inprocess_modes:
             continue
         if mode == "slots":
-            engine = SlotEngine(loaded, serving.max_batch_size, serving.max_prefill_tokens, compile=serving.compile)
+            engine = SlotEngine(loaded, serving.max_batch_size, serving.max_prefill_tokens, compile=serving.compile,
+                                decode_attention=serving.decode_attention)
         else:
             engine = ContinuousEngine(loaded, serving.num_blocks, serving.page_size, serving.max_batch_tokens)
         engine.launch()

@@ -107,7 +107,8 @@ class TuneloopLLM:
         self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots":
             self.engine = SlotEngine(loaded, SERVING.max_batch_size, SERVING.max_prefill_tokens,
-                                     compile=SERVING.compile, on_batch=on_batch)
+                                     compile=SERVING.compile, on_batch=on_batch,
+                                     decode_attention=SERVING.decode_attention)
         elif SERVING.engine == "continuous":
             self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
                                            on_batch=on_batch)

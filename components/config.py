@@ -228,6 +228,11 @@ class ServingConfig(Section):
     # a model it cannot compile is served uncompiled).
     max_prefill_tokens: int = Field(2048, ge=16)
     compile: bool = True
+    # slots engine, decoding attention. kernel: a C kernel that reads each row's own tokens
+    # (components/serving/slot_attention.py; CPU float32 models, built at start-up with the
+    # system C compiler). It falls back to sdpa where it cannot be built or does not match
+    # sdpa on the model. sdpa: reads every row up to the longest one.
+    decode_attention: Literal["kernel", "sdpa"] = "kernel"
     # Streaming: tokens of one stream produced within this window travel in one SSE chunk
     # (the first token is always sent at once). 0 = a chunk per engine step.
     stream_interval_ms: float = Field(100.0, ge=0)

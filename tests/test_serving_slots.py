@@ -1,7 +1,8 @@
 """The slots engine (components/serving/slots.py), in-process: greedy output equal to
 single-request `generate` while requests join, wait for a slot, leave and move between
-slots; seeded sampling equal to the other engines; cancellation; the torch.compile'd
-variant; and the coalescing of streamed tokens (serving.stream_interval_ms).
+slots, with the slot attention kernel and with sdpa; seeded sampling equal to the other
+engines; cancellation; the torch.compile'd variant; and the coalescing of streamed tokens
+(serving.stream_interval_ms). The kernel itself: test_slot_attention.py.
 
 Through the real `bentoml serve` it is covered with the other engines in test_serving_api.py.
 """
@@ -29,7 +30,8 @@ def loaded(tmp_path_factory):
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
 
-def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None):
+def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None,
+              decode_attention="kernel"):
     """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
 
     stagger_s > 0: requests arrive at random times within it (seeded), so newcomers join
@@ -40,7 +42,7 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
 
     async def main():
         engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
-                            on_batch=sizes.append if sizes is not None else None)
+                            on_batch=sizes.append if sizes is not None else None, decode_attention=decode_attention)
         engine.launch()
         await asyncio.to_thread(engine.ready.wait, 600)
         rng = random.Random(0)
@@ -82,12 +84,15 @@ def assert_greedy_matches(loaded, specs, results):
         assert finish == ("length" if len(want) == params.max_new_tokens else "stop")
 
 
-def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded):
+@pytest.mark.parametrize("decode_attention", ["kernel", "sdpa"])
+def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded, decode_attention):
     specs = many_specs(loaded)
     sizes: list[int] = []
     engines: list = []
-    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines)
+    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines,
+                        decode_attention=decode_attention)
     assert_greedy_matches(loaded, specs, results)
+    assert engines[0].kernel is (decode_attention == "kernel")  # the kernel was built and used here
     assert 4 <= max(sizes) <= 8  # never more rows than slots: 24 requests took turns
     assert len(set(sizes)) > 3  # the batch grew and shrank step by step
     assert engines[0].rows == []  # every slot was freed
