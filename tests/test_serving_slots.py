@@ -93,6 +93,8 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded, decode_att
                         decode_attention=decode_attention)
     assert_greedy_matches(loaded, specs, results)
     assert engines[0].kernel is (decode_attention == "kernel")  # the kernel was built and used here
+    # The stopped engine gave the shared model its own attention back (the continuous engine needs it).
+    assert loaded.model.config._attn_implementation == "sdpa"
     assert 4 <= max(sizes) <= 8  # never more rows than slots: 24 requests took turns
     assert len(set(sizes)) > 3  # the batch grew and shrank step by step
     assert engines[0].rows == []  # every slot was freed

@@ -204,11 +204,18 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 IMPLEMENTATION = "tuneloop_slots"
 
 
-def install(model) -> None:
-    """Route the model's attention through attention() (sdpa for everything but slot decoding)."""
+def install(model) -> str:
+    """Route the model's attention through attention() (sdpa for everything but slot decoding).
+
+    Returns the implementation it replaced: the engine puts it back when it stops, because
+    other users of the same model object (the continuous engine, for one) accept only
+    transformers' own implementations.
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(IMPLEMENTATION, attention)
     AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    previous = model.config._attn_implementation
     model.config._attn_implementation = IMPLEMENTATION
+    return previous

@@ -206,6 +206,7 @@ class SlotEngine:
         # second thread team whose spinning cost the engine ~20% (in-process 5.0k vs 8.0k tok/s).
         self.decode_attention = decode_attention
         self.kernel = False
+        self._replaced_attention: str | None = None  # the model's attention before the kernel's
         # Compiled apart: the prefill (every prompt width) and the decoding step (mask included).
         self._forward = torch.compile(self._run_model, dynamic=True) if compile else self._run_model
         self._decode_forward = torch.compile(self._decode_model, dynamic=True) if compile else self._decode_model
@@ -223,6 +224,9 @@ class SlotEngine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._replaced_attention is not None and not self.is_running:  # the model is shared: give it back
+            self.model.config._attn_implementation = self._replaced_attention
+            self._replaced_attention = None
 
     @property
     def is_running(self) -> bool:
@@ -392,7 +396,7 @@ class SlotEngine:
 
         if not slot_attention.usable_for(self.model) or slot_attention.load_kernel() is None:
             return False
-        slot_attention.install(self.model)
+        self._replaced_attention = slot_attention.install(self.model)
         self._no_mask = torch.ones((self.num_slots, 1, 1, 1), dtype=torch.bool, device=self.device)
         # The model must hand our keyword to its attention layers and read the cache as a
         # transformers model should: check on two rows (one left-padded) against sdpa.
