@@ -33,6 +33,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
 log = logging.getLogger(__name__)
 
 SOURCE = r"""
@@ -150,8 +153,6 @@ def load_kernel():
 
 
 def _register_op() -> None:
-    import torch
-
     if hasattr(torch.ops.tuneloop, "slot_decode_attention"):
         return  # registered by an earlier load (the op calls whatever _kernel is now)
 
@@ -178,8 +179,6 @@ def _register_op() -> None:
 
 def usable_for(model) -> bool:
     """The kernel covers float32 models on the CPU (GPU hosts keep sdpa's fused kernels)."""
-    import torch
-
     return model.device.type == "cpu" and model.dtype == torch.float32
 
 
@@ -189,9 +188,6 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     With slot_bounds=(lo, hi) (a slots-engine decoding step) it runs the kernel over the
     caches the SlotCache returns (all slots' full length); otherwise it is plain sdpa.
     """
-    import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if slot_bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       dropout=dropout, **kwargs)
