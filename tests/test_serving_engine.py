@@ -8,6 +8,7 @@ The real `bentoml serve` tests are in test_serving_api.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -363,6 +364,70 @@ def test_api_shapes_streaming_and_usage(loaded):
                     for r in ("stop", "length")}
         assert finished["stop"] >= 2 and finished["stop"] + finished["length"] == 8
         assert server.admission.in_flight == 0
+
+    run_with_engine(loaded, test)
+
+
+def test_encode_equals_the_tokenizer(loaded):
+    """The server's tokenization (the Rust backend's encode) gives the tokenizer's own ids."""
+    for text in ["Hello world", "", " leading and  double  spaces ", "<|im_start|>user\nHi<|im_end|>\n",
+                 "ünïcödé ✓ 汉字 🙂", "<|endoftext|>after a special token"]:
+        assert loaded.encode(text) == loaded.tokenizer(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_warm_up_marks_ready_and_freezes_the_heap(loaded):
+    import gc
+
+    from components.serving.setup import warm_up
+
+    async def test(app, server, registry):
+        server.ready = False
+        gc.unfreeze()
+        try:
+            await warm_up(server, requests=3)
+            assert server.ready
+            # what warm-up left alive (model, compiled code, ...) is out of the collector's reach
+            assert gc.get_freeze_count() > 10_000
+        finally:
+            gc.unfreeze()
+
+    run_with_engine(loaded, test)
+
+
+def test_stream_writes_events_that_are_ready_together_in_one_send(loaded):
+    """Each body send passes every middleware (a span each) and a socket write: the role goes
+    with the first content, and the last content, finish, usage and [DONE] go together."""
+    async def test(app, server, registry):
+        sends = []
+
+        async def send(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                sends.append(message["body"].decode())
+
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await asyncio.Event().wait()  # the client stays connected
+
+        scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": "/v1/chat/completions",
+                 "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "", "scheme": "http",
+                 "headers": [(b"content-type", b"application/json")], "client": ("t", 1), "server": ("t", 80)}
+        await app(scope, receive, send)
+        events = [[json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]" for e in s.split("\n\n") if e]
+                  for s in sends]
+        flat = [e for group in events for e in group]
+        assert flat[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert flat[-1] == "[DONE]" and 1 <= flat[-2]["usage"]["completion_tokens"] <= 12
+        assert flat[-3]["choices"][0]["finish_reason"] in ("stop", "length")
+        # what was ready together went out together
+        assert len(events[0]) >= 2  # the role and the first content (or the end)
+        assert [e for e in events[-1] if e == "[DONE]" or not e["choices"] or e["choices"][0]["finish_reason"]] \
+            == flat[-3:]
+        assert len(sends) < len(flat)
 
     run_with_engine(loaded, test)
 
