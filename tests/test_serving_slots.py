@@ -247,3 +247,29 @@ def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
         return outcomes
 
     assert asyncio.run(main()) == ["the server is shutting down"] * 2
+
+
+def test_slot_cache_is_zeroed_and_on_huge_pages_where_linux_grants_them():
+    import torch
+
+    from components.serving.slots import HUGE_PAGE, _zeros_on_huge_pages
+
+    kv = _zeros_on_huge_pages((2, 2, 8, 4, 512, 32), torch.float32, "cpu")  # 8 MiB
+    assert kv.shape == (2, 2, 8, 4, 512, 32) and kv.dtype == torch.float32 and not kv.any()
+    assert kv.data_ptr() % HUGE_PAGE == 0
+    kv[1, 1, 7, 3, 511, 31] = 1.0  # the whole range is usable
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if not os.path.exists(thp) or "[never]" in open(thp).read():
+        pytest.skip("transparent huge pages are off on this machine")
+    # The kernel's own account of the mapping that holds the cache: its huge pages.
+    start = kv.data_ptr()
+    huge_kb, mapping = 0, None
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            mapping = lo <= start < hi
+        elif mapping and line.startswith("AnonHugePages:"):
+            huge_kb = int(line.split()[1])
+            break
+    assert huge_kb >= 2048, "the cache is not on huge pages"
