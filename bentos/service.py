@@ -73,6 +73,9 @@ app = create_app()
         # Our own deadline (request_timeout_s -> 504) fires first; BentoML's is a backstop.
         "timeout": SERVING.request_timeout_s + 30,
     },
+    # The API routes and the adaptive engine's batch calls make no spans unless asked
+    # (serving.trace_requests): BentoML's OpenTelemetry middleware then passes them through.
+    tracing={} if SERVING.trace_requests else {"excluded_urls": ["/v1/", BATCH_ROUTE]},
     # The bug workaround, part 1: never recycle the in-process client's session.
     runner_connection={"max_requests": 2**31 - 1, "max_age": 10.0**9},
     # One access-log line per client request, not a second one for its internal batch call.

@@ -395,3 +395,22 @@ def test_serves_a_bentoml_model_and_is_ready_only_after_warm_up(model_dir, tmp_p
     assert "warm-up done" in text
     assert f"from {tmp_path / 'bentoml' / 'models' / 'tiny-chat'}" in text
     shutil.rmtree(tmp_path / "bentoml", ignore_errors=True)
+
+
+def test_api_routes_make_spans_only_when_trace_requests_is_on(model_dir, tmp_path):
+    """BentoML's OpenTelemetry spans (one per request, one per SSE write) were a third of the
+    event loop's work and dropped at BentoML's default sample rate: the API routes make none
+    unless serving.trace_requests is on. The access log shows a request's span ids."""
+    lines = {}
+    for on in (False, True):
+        tmp = tmp_path / f"trace-{on}"
+        tmp.mkdir()
+        url, ctx = serve(model_dir, tmp, "continuous", trace_requests=on)
+        with ctx:
+            sync_client(url).chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
+                                                     max_tokens=2, temperature=0)
+        log = next(tmp.glob("serve-*.log")).read_text()
+        lines[on] = [line for line in log.splitlines() if "path=/v1/chat/completions" in line]
+        assert len(lines[on]) == 1, log[-2000:]  # the access log line is there either way
+    assert re.search(r"trace=[0-9a-f]{32}", lines[True][0])
+    assert not re.search(r"trace=[0-9a-f]{32}", lines[False][0])
