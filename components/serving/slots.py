@@ -32,10 +32,9 @@ One loop on one thread:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import sys
+import mmap
 import threading
 import time
 from collections import deque
@@ -74,22 +73,25 @@ def _zeros_on_huge_pages(shape: tuple[int, ...], dtype, device):
     at scattered offsets; with 4 KiB pages that costs a TLB miss per page. 2 MiB pages cut
     the slot attention kernel's time by ~15% here. Linux only grants them to 2 MiB-aligned
     memory marked with madvise(MADV_HUGEPAGE) (when transparent_hugepage is `madvise`, the
-    common default) before it is first touched; anywhere else this is plain torch.zeros.
+    common default) before it is first touched. So the memory is a fresh anonymous mapping
+    of our own: torch's allocator may hand out heap memory that was touched before (glibc
+    raises its mmap threshold after large frees), and touched pages stay small. Anywhere
+    else this is plain torch.zeros.
     """
     import torch
 
-    if torch.device(device).type != "cpu" or not sys.platform.startswith("linux"):
+    if torch.device(device).type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    buffer = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # not touched yet: torch.empty
+    # Private (a shared anonymous mapping is shmem, which huge pages rarely cover), untouched, zero-filled.
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer = torch.frombuffer(region, dtype=torch.uint8)  # shares the memory and keeps `region` alive
     offset = -buffer.data_ptr() % HUGE_PAGE
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(buffer.data_ptr() + offset), ctypes.c_size_t(nbytes // 4096 * 4096),
-                     MADV_HUGEPAGE)  # a refusal (EINVAL: THP off) only means small pages
-    except (OSError, AttributeError):
+        region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // mmap.PAGESIZE * mmap.PAGESIZE)
+    except OSError:  # EINVAL: transparent huge pages are off; small pages then
         pass
-    # The view keeps `buffer` (its storage) alive.
+    # Zeroing is the first touch: the pages fault in huge.
     return buffer[offset:offset + nbytes].view(dtype).view(shape).zero_()
 
 
