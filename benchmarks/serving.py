@@ -194,7 +194,7 @@ class Client:
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def post(self, path: str, payload: dict):
-        """Yields (status, body pieces as they arrive); the connection is reused once the body is read."""
+        """(status, an async iterator of body pieces as they arrive); the connection is reused once the body is read."""
         data = json.dumps(payload).encode()
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(data)}\r\n\r\n").encode()

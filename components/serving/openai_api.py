@@ -565,48 +565,45 @@ def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_
 
         tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens.streams))]
         out = [_sse(chunk) for chunk in first_chunks]  # events not yet written
+        error: ServingError | None = None
         try:
             pending = len(tasks)
             async with asyncio.timeout_at(gens.deadline):
                 while pending:
-                    item = await queue.get()
-                    while True:
-                        i, delta, finish = item
+                    ready = [await queue.get()]
+                    while not queue.empty():
+                        ready.append(queue.get_nowait())
+                    for i, delta, finish in ready:
                         if isinstance(delta, BaseException):
                             raise delta
                         if finish is not None:
                             pending -= 1
                         if delta or finish:
                             out.append(_sse(make_chunk(i, delta, finish)))
-                        if queue.empty():
-                            break
-                        item = queue.get_nowait()
                     if pending:
                         yield "".join(out)
                         out = []
             if include_usage:
                 out.append(_sse(make_chunk(None, None, None, usage=_usage(gens))))
-            out.append(_sse("[DONE]"))
-            yield "".join(out)
         except TimeoutError:
-            # Headers are sent already: the error travels as an SSE event (the SDK raises it).
-            err = gens.timeout_error()
-            gens.server.count_rejection(err.reason)
-            yield "".join(out) + _sse(err.body()) + _sse("[DONE]")
+            error = gens.timeout_error()
         except _Aborted:
             return  # cancelled because the client left: nobody to tell
         except ServingError as err:  # e.g. BentoML's batcher shed the request (503)
-            gens.abort_reason = err.reason
-            gens.server.count_rejection(err.reason)
-            yield "".join(out) + _sse(err.body()) + _sse("[DONE]")
+            error = err
         except Exception:
             log.exception("streamed generation %s failed", gens.request_id)
-            gens.abort_reason = "internal_error"
-            gens.server.count_rejection("internal_error")
-            yield "".join(out) + _sse(InternalError("generation failed; see the server log").body()) + _sse("[DONE]")
+            error = InternalError("generation failed; see the server log")
         finally:
             for t in tasks:
                 t.cancel()
+        if error is not None:
+            # Headers are sent already: the error travels as an SSE event (the SDK raises it).
+            gens.abort_reason = error.reason
+            gens.server.count_rejection(error.reason)
+            out.append(_sse(error.body()))
+        out.append(_sse("[DONE]"))
+        yield "".join(out)
 
     return _SSEResponse(body(), on_close=gens.close)
 

@@ -38,8 +38,8 @@ def served_model(serving: ServingConfig) -> ServedModel:
     return ServedModel(name=serving.model_name, version=serving.model_version, aliases=list(serving.aliases))
 
 
-def freeze_heap() -> int:
-    """Move every object alive now out of the garbage collector's reach; returns how many.
+def freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's reach.
 
     Called once the model is loaded, compiled and warmed up. The server's heap is then
     ~800k objects (torch, transformers, inductor's graphs), and a full collection walked
@@ -49,7 +49,6 @@ def freeze_heap() -> int:
     """
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
 
 
 async def warm_up(server: OpenAIServer, requests: int, max_new_tokens: int = 2) -> float:
