@@ -46,12 +46,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from pathlib import Path
 
 import bentoml
 
 from components.config import load_config
-from components.serving.openai_api import OpenAIErrorMiddleware, create_app
+from components.serving.openai_api import InternalRoutesGuard, OpenAIErrorMiddleware, create_app
 
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
 log = logging.getLogger("bentoml.tuneloop")
@@ -62,6 +63,8 @@ PACKAGED_CONFIG = Path(__file__).with_name("packaged_config.yaml")
 CONFIG = load_config(os.environ.get("TUNELOOP_CONFIG") or (PACKAGED_CONFIG if PACKAGED_CONFIG.exists() else None))
 SERVING = CONFIG.serving
 BATCH_ROUTE = "/internal/generate_batch"
+# The adaptive engine's self-call carries this; a request to /internal/ without it is 404.
+INTERNAL_TOKEN = secrets.token_hex(32)
 
 app = create_app()
 
@@ -149,6 +152,8 @@ class TuneloopLLM:
             if SERVING.engine == "adaptive":
                 while getattr(self, "__self_proxy__", None) is None:
                     await asyncio.sleep(0.05)
+                # The in-process client is the only caller InternalRoutesGuard lets through.
+                self.__self_proxy__.to_async.client.headers[InternalRoutesGuard.HEADER.decode()] = INTERNAL_TOKEN
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s: ready", seconds)
         except Exception:
@@ -163,26 +168,30 @@ class TuneloopLLM:
         if self.engine is not None:
             self.engine.stop()
 
-    @bentoml.api(
-        batchable=True,
-        max_batch_size=SERVING.max_batch_size,
-        max_latency_ms=SERVING.max_latency_ms,
-        route=BATCH_ROUTE,
-    )
-    def generate_batch(self, request_ids: list[str]) -> list[str]:
-        """Internal (adaptive engine): run the pending generations named by request_ids as one batch.
+    if SERVING.engine == "adaptive":  # the other engines have no batch route at all
+        @bentoml.api(
+            batchable=True,
+            max_batch_size=SERVING.max_batch_size,
+            max_latency_ms=SERVING.max_latency_ms,
+            route=BATCH_ROUTE,
+        )
+        def generate_batch(self, request_ids: list[str]) -> list[str]:
+            """Internal (adaptive engine): run the pending generations named by request_ids as one batch.
 
-        Tokens go to each request's stream; the answer is each request's finish reason
-        ("skipped" if it was unknown, cancelled before its batch, or already run).
-        """
-        streams = [self.pending.get(rid) for rid in request_ids]
-        runnable = [s for s in streams if s is not None and not s.claimed and not s.cancelled]
-        self.batcher.run(runnable)
-        return ["ran" if s in runnable else "skipped" for s in streams]
+            Only the in-process client reaches it (InternalRoutesGuard). Tokens go to each
+            request's stream; the answer is each request's finish reason ("skipped" if it
+            was unknown, cancelled before its batch, or already run).
+            """
+            streams = [self.pending.get(rid) for rid in request_ids]
+            runnable = [s for s in streams if s is not None and not s.claimed and not s.cancelled]
+            self.batcher.run(runnable)
+            return ["ran" if s in runnable else "skipped" for s in streams]
 
 
 # Errors BentoML answers itself (its batch route's validation, unknown paths) get OpenAI's shape.
 TuneloopLLM.add_asgi_middleware(OpenAIErrorMiddleware)
+# Outsiders never reach the internal routes: not BentoML's validation, not the batcher.
+TuneloopLLM.add_asgi_middleware(InternalRoutesGuard, prefix="/internal/", token=INTERNAL_TOKEN)
 
 
 class _BentoBatchingBackend:

@@ -299,12 +299,17 @@ def serve(
 ):
     """Serve the deployed bento (else the champion, else bentos/ as configured) with `bentoml serve`."""
     cfg = _load(config)
-    from components.packaging import serve_plan
+    from components.packaging import PackagingError, run_server, serve_plan
 
-    plan = serve_plan(cfg, host, port)
+    try:
+        plan = serve_plan(cfg, host, port)
+    except PackagingError as exc:
+        _fail(str(exc), code=1)
     console.print(plan.what)
-    os.chdir(plan.cwd)
-    os.execvpe(plan.argv[0], plan.argv, plan.env)
+    outcome = run_server(plan, host, port)
+    if outcome.failure:
+        _fail(f"the server could not start: {outcome.failure}", code=1)
+    raise typer.Exit(outcome.exit_code)
 
 
 def main():  # pragma: no cover - console entry point

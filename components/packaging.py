@@ -443,13 +443,24 @@ def _tail(path: Path, chars: int = 4000) -> str:
 STARTUP_FAILURES = ("Application startup failed", "warm-up failed")
 
 
-def _startup_failure(log_path: Path) -> str | None:
-    """The first exception line of a failed start, or None while none is logged."""
-    text = _tail(log_path, 200_000)
-    if not any(marker in text for marker in STARTUP_FAILURES):
+def startup_failure(text: str) -> str | None:
+    """Why a server failed to start, from its output, or None while no failure is there.
+
+    The exception line of the first failure: ServingSetupError's where the service raised
+    one (it names what to fix), else the last one raised before BentoML gave up.
+    """
+    at = min((i for i in (text.find(m) for m in STARTUP_FAILURES) if i >= 0), default=-1)
+    if at < 0:
         return None
-    errors = re.findall(r"^([A-Za-z_][\w.]*(?:Error|Exception)\b.*)$", text, flags=re.MULTILINE)
-    return errors[0][:500] if errors else next(m for m in STARTUP_FAILURES if m in text)
+    errors = re.findall(r"^([A-Za-z_][\w.]*(?:Error|Exception)\b.*)$", text[:at], flags=re.MULTILINE)
+    if not errors:
+        return next(m for m in STARTUP_FAILURES if m in text)
+    chosen = next((e for e in errors if re.match(r"[\w.]*ServingSetupError\b", e)), errors[-1])
+    return re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=\w+:)", "", chosen)[:500]  # no module path
+
+
+def _startup_failure(log_path: Path) -> str | None:
+    return startup_failure(_tail(log_path, 200_000))
 
 
 def _check_answers(client, base: str) -> tuple[str, str, str]:
@@ -550,6 +561,73 @@ def check_server(command: ServeCommand, port: int, log_path: Path, timeout: floa
                       seconds_to_ready=ready, completion=completion, chat=chat)
     finally:
         _stop(proc)
+
+
+@dataclass
+class ServeOutcome:
+    exit_code: int
+    failure: str | None = None  # the one-line reason when the server could not start
+
+
+def run_server(command: ServeCommand, host: str, port: int, out=None) -> ServeOutcome:
+    """Run a serve command in the foreground until it ends; what `tuneloop serve` does.
+
+    Its output passes through. When the service cannot start (a model that does not load,
+    a failed warm-up), BentoML would restart its worker forever: the first failure ends the
+    server instead, with its reason. SIGINT / SIGTERM go to the server's process group, so
+    it drains and stops as it would on its own. Once /readyz answers 200 one line says so.
+    """
+    import threading
+    import urllib.request
+    from collections import deque
+
+    out = out or sys.stdout
+    proc = subprocess.Popen(command.argv, cwd=command.cwd, env=command.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace")
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = time.perf_counter()
+
+    def announce_ready() -> None:
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        while proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        print(f"tuneloop: ready after {time.perf_counter() - started:.0f} s; "
+                              f"OpenAI API on {url}/v1", file=out, flush=True)
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=announce_ready, name="readyz-watch", daemon=True).start()
+    recent: deque[str] = deque(maxlen=400)  # enough for the traceback before BentoML's line
+    failure = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
+            recent.append(line)
+            if any(marker in line for marker in STARTUP_FAILURES):
+                failure = startup_failure("".join(recent))
+                break
+    finally:
+        if failure is not None or proc.poll() is None:  # failed, or we are leaving early
+            _stop(proc)
+        proc.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure is not None:
+        return ServeOutcome(1, failure)
+    return ServeOutcome(proc.returncode if proc.returncode >= 0 else 128 - proc.returncode)
 
 
 # ---------------------------------------------------------------------------------------

@@ -242,9 +242,11 @@ def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
             try:
                 await asyncio.wait_for(collect(s), timeout=10)
                 outcomes.append(s.finish_reason)
-            except RuntimeError as exc:
+            except Unavailable as exc:
                 outcomes.append(str(exc))
         return outcomes
+
+    from components.serving.errors import Unavailable
 
     assert asyncio.run(main()) == ["the server is shutting down"] * 2
 

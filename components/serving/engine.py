@@ -38,16 +38,21 @@ log = logging.getLogger(__name__)
 BatchObserver = Callable[[int], None]  # called with the batch size of every batch / step
 
 
+# A temperature below this samples like greedy decoding (as in vLLM): dividing logits by
+# it overflows float32 (1e-40 gave inf logits and NaN probabilities).
+SAMPLING_EPS = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (or below SAMPLING_EPS) = greedy
     top_p: float = 1.0
     seed: int | None = None
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
 
 class GenerationStream:
@@ -231,10 +236,18 @@ def load_model(model_dir: Path | str, num_threads: int | None = None) -> LoadedM
         torch.set_num_threads(num_threads)
     path = Path(model_dir)
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json)")
-    # transformers 5 does not persist padding_side: batched generate needs left padding.
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+        from components.serving.errors import ServingSetupError
+
+        raise ServingSetupError(f"{path}: not a Hugging Face model folder (no config.json)")
+    try:
+        # transformers 5 does not persist padding_side: batched generate needs left padding.
+        tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    except Exception as exc:  # one line that says what and where; the traceback stays in the log
+        from components.serving.errors import ServingSetupError
+
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ServingSetupError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from exc
     if torch.cuda.is_available():  # GPU hosts (the CUDA bento): bf16 where the card has it
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         model = model.to(device="cuda", dtype=dtype)
@@ -259,36 +272,57 @@ def load_model(model_dir: Path | str, num_threads: int | None = None) -> LoadedM
 def make_generator(seed: int | None):
     import torch
 
-    return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+    # torch takes seeds in [-2**63, 2**64); the API allows OpenAI's int64 range. Reduced
+    # here too, so no seed can make an engine step raise.
+    return torch.Generator().manual_seed(seed % 2**64 if seed is not None else secrets.randbits(63))
 
 
-def sample_rows(scores, rows: Sequence[tuple[SamplingParams, Any] | None]):
+RowFailures = dict  # row index -> the exception that row's sampling raised
+
+
+def sample_rows(scores, rows: Sequence[tuple[SamplingParams, Any] | None]) -> RowFailures:
     """Sample one token for every row that samples and make its scores one-hot (0 / -inf).
 
-    rows[i] is (params, torch.Generator) or None. Greedy rows (temperature 0) and None rows
+    rows[i] is (params, torch.Generator) or None. Greedy rows (temperature ~0) and None rows
     are left as they are, so an argmax over the result is greedy for them and returns the
-    sampled token for the others. Modifies scores in place and returns it.
-    """
-    import torch
+    sampled token for the others. Modifies scores in place.
 
+    One row's failure is that row's alone: it is returned ({row index: exception}) for its
+    engine to end that request with an error, and every other row of the batch goes on.
+    """
+    failures: RowFailures = {}
     for i, row in enumerate(rows):
         if row is None or row[0].greedy:
             continue
-        params, generator = row
-        # Sampled on the CPU: the seeded torch.Generator lives there, and one vocab-sized
-        # row is cheap to move; the one-hot result goes back to the scores' device.
-        logits = scores[i].float().cpu() / params.temperature
-        probs = torch.softmax(logits, dim=-1)
-        if params.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-            outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
-            probs = probs.clone()
-            probs[order[outside]] = 0.0
-        token = torch.multinomial(probs, 1, generator=generator)
-        scores[i].fill_(float("-inf"))
-        scores[i, token.to(scores.device)] = 0.0
-    return scores
+        try:
+            _sample_row(scores, i, *row)
+        except Exception as exc:  # noqa: BLE001 - isolated to its row, reported to its stream
+            log.exception("sampling failed for one row of a batch; only its request fails")
+            failures[i] = exc
+    return failures
+
+
+def _sample_row(scores, i: int, params: SamplingParams, generator) -> None:
+    import torch
+
+    # Sampled on the CPU: the seeded torch.Generator lives there, and one vocab-sized
+    # row is cheap to move; the one-hot result goes back to the scores' device.
+    logits = scores[i].float().cpu()
+    # Shifted so the largest logit is 0 before scaling: a small temperature then sends the
+    # others towards -inf, never the largest to +inf.
+    logits = (logits - logits.max()) / params.temperature
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p. The top token always stays:
+        # a top_p below float32's resolution (1e-300 is 0.0 there) must not remove it.
+        outside = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        outside[0] = False
+        probs = probs.clone()
+        probs[order[outside]] = 0.0
+    token = torch.multinomial(probs, 1, generator=generator)
+    scores[i].fill_(float("-inf"))
+    scores[i, token.to(scores.device)] = 0.0
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,6 +387,7 @@ class BatchGenerator:
             attention_mask = attention_mask.to(self.loaded.model.device)
             rows = [None if s.params.greedy else (s.params, make_generator(s.params.seed)) for s in group]
             tracker = _RowTracker(group, self.loaded.stop_ids)
+            sampling = _RowSampling(rows, on_failure=tracker.fail)
             config = GenerationConfig(
                 do_sample=False,
                 max_new_tokens=max(s.params.max_new_tokens for s in group),
@@ -364,7 +399,7 @@ class BatchGenerator:
                     input_ids=input_ids,
                     attention_mask=attention_mask,
                     generation_config=config,
-                    logits_processor=LogitsProcessorList([_RowSampling(rows)]),
+                    logits_processor=LogitsProcessorList([sampling]),
                     stopping_criteria=StoppingCriteriaList([tracker]),
                 )
             tracker.finish_all("length")
@@ -375,13 +410,18 @@ class BatchGenerator:
 
 
 class _RowSampling:
-    """LogitsProcessor: per-row temperature/top_p/seed (see sample_rows)."""
+    """LogitsProcessor: per-row temperature/top_p/seed (see sample_rows). A row whose
+    sampling failed is ended with that error (on_failure) and samples no more."""
 
-    def __init__(self, rows):
-        self.rows = rows
+    def __init__(self, rows, on_failure: Callable[[int, BaseException], None]):
+        self.rows = list(rows)
+        self.on_failure = on_failure
 
     def __call__(self, input_ids, scores):
-        return sample_rows(scores, self.rows)
+        for i, exc in sample_rows(scores, self.rows).items():
+            self.rows[i] = None
+            self.on_failure(i, exc)
+        return scores
 
 
 class _RowTracker:
@@ -419,9 +459,14 @@ class _RowTracker:
                 if self.counts[i] >= s.params.max_new_tokens:
                     self._end(i, "length")
 
-    def _end(self, i: int, reason: str) -> None:
+    def _end(self, i: int, reason: str, error: BaseException | None = None) -> None:
         self.ended[i] = True
-        self.streams[i].finish(reason)
+        self.streams[i].finish(reason, error)
+
+    def fail(self, i: int, error: BaseException) -> None:
+        """End row i with an error (its sampling failed); the other rows go on."""
+        if not self.ended[i]:
+            self._end(i, "error", error)
 
     def finish_all(self, reason: str) -> None:
         for i in range(len(self.streams)):
@@ -489,7 +534,9 @@ class ContinuousEngine:
     def submit(self, stream: GenerationStream) -> None:
         """Start generating for stream (call on its event loop)."""
         if not self.manager.is_running():
-            raise RuntimeError("continuous batching manager is not running")
+            from components.serving.errors import Unavailable
+
+            raise Unavailable("the generation engine is not running; the server is not ready", retry_after_s=1)
         rid = stream.request_id
         stop_ids = self.loaded.stop_ids
         emitted = 0
@@ -517,13 +564,22 @@ class ContinuousEngine:
                 self.manager.output_router.result_handlers.pop(rid, None)
 
         stream.claimed = True
-        self._sampler.register(rid, stream.params)
+        self._sampler.register(rid, stream.params, on_failure=lambda exc: self._fail(rid, stream, on_cancel, exc))
         self.manager.register_result_handler(rid, on_output)
         stream.add_cancel_hook(on_cancel)
         self.manager.add_request(
             stream.prompt_ids, request_id=rid, max_new_tokens=stream.params.max_new_tokens, streaming=True,
             eos_token_id=sorted(stop_ids),
         )
+
+
+    def _fail(self, rid: str, stream: GenerationStream, on_cancel: Callable[[], None], error: BaseException) -> None:
+        """End one request with an error from the manager's thread (its sampling failed):
+        the manager drops it, and the stream tells its client; the batch goes on."""
+        try:
+            on_cancel()
+        finally:
+            stream.finish("error", error)
 
 
 def _sampler_list(sampler):
@@ -553,16 +609,22 @@ class _ContinuousSampler:
     def __init__(self, on_batch: BatchObserver | None):
         self.on_batch = on_batch
         self._params: dict[str, tuple[SamplingParams, Any]] = {}
+        self._on_failure: dict[str, Callable[[BaseException], None]] = {}
         self._lock = threading.Lock()
         self._rows: list = []
+        self._ids: list[str] = []
 
-    def register(self, request_id: str, params: SamplingParams) -> None:
+    def register(self, request_id: str, params: SamplingParams,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         with self._lock:
             self._params[request_id] = (params, None if params.greedy else make_generator(params.seed))
+            if on_failure is not None:
+                self._on_failure[request_id] = on_failure
 
     def forget(self, request_id: str) -> None:
         with self._lock:
             self._params.pop(request_id, None)
+            self._on_failure.pop(request_id, None)
 
     # ContinuousBatchingLogitsProcessor interface
     def fill_defaults(self, int32_tensor) -> None:
@@ -572,13 +634,19 @@ class _ContinuousSampler:
         import torch
 
         with self._lock:
-            self._rows = [self._params.get(r.state.request_id) for r in requests_with_new_token]
+            self._ids = [r.state.request_id for r in requests_with_new_token]
+            self._rows = [self._params.get(rid) for rid in self._ids]
         if self.on_batch and self._rows:
             self.on_batch(len(self._rows))
         return torch.zeros(len(self._rows), dtype=torch.int32)
 
     def __call__(self, scores, tensor_arg):
-        return sample_rows(scores, self._rows)
+        for i, exc in sample_rows(scores, self._rows).items():
+            with self._lock:
+                on_failure = self._on_failure.get(self._ids[i])
+            if on_failure is not None:
+                on_failure(exc)
+        return scores
 
 
 def _new_continuous_sampler(on_batch: BatchObserver | None) -> _ContinuousSampler:

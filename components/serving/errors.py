@@ -12,6 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 
+class ServingSetupError(Exception):
+    """The server cannot start (no model, a model that does not load); the message says what to fix."""
+
+
 class ServingError(Exception):
     status: int = 500
     type: str = "server_error"

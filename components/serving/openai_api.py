@@ -22,12 +22,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from components.serving.admission import AdmissionController, Ticket
@@ -38,6 +38,7 @@ from components.serving.errors import (
     InvalidRequest,
     ModelNotFound,
     RequestTimeout,
+    RouteNotFound,
     ServingError,
     Unavailable,
     error_for_status,
@@ -52,7 +53,24 @@ log = logging.getLogger(__name__)
 
 class _Strict(BaseModel):
     # OpenAI answers an unknown argument with 400 "Unrecognized request argument": so do we.
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: `"stream": "yes"` or `"max_tokens": "5"` is a 400 naming the parameter,
+    # not silently read as true / 5.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _no_lone_surrogates(text: str) -> str:
+    """JSON may carry UTF-16 surrogate escapes (`"\\ud800"`) that pair with nothing; such a
+    string is no text: the tokenizer cannot take it and no response can be encoded with it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone UTF-16 surrogate ({text[exc.start]!a}) at character {exc.start}; "
+                         "send valid Unicode text") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_no_lone_surrogates)]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # OpenAI's range for seed
 
 
 class StreamOptions(_Strict):
@@ -60,31 +78,31 @@ class StreamOptions(_Strict):
 
 
 class _SamplingFields(_Strict):
-    model: str
+    model: Text
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, description="Only 1 is supported.")
-    stop: str | list[str] | None = Field(None, description="Up to 4 strings; the text stops before them.")
-    seed: int | None = None
+    stop: Text | list[Text] | None = Field(None, description="Up to 4 strings; the text stops before them.")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
 
 
 class TextContentPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextContentPart]
-    name: str | None = None
+    content: Text | list[TextContentPart]
+    name: Text | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -695,8 +713,10 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
 # the app and its error handlers
 
 
-def error_response(err: ServingError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def error_response(err: ServingError) -> Response:
+    # ASCII-escaped: a message may quote the client's input, which is not always encodable text.
+    return Response(json.dumps(err.body()), status_code=err.status, headers=err.headers,
+                    media_type="application/json")
 
 
 def _param_from_loc(loc: tuple) -> str | None:
@@ -859,3 +879,30 @@ def _message_of(data) -> str:
     if isinstance(data, (list, tuple)) and data:
         return _message_of(data[0])
     return ""
+
+
+class InternalRoutesGuard:
+    """Makes routes under `prefix` unreachable from outside the process: a request there
+    without the process's own token (header `x-tuneloop-internal`, a random secret made at
+    start-up and given only to the in-process client) is answered 404, as if the route did
+    not exist, before anything parses its body."""
+
+    HEADER = b"x-tuneloop-internal"
+
+    def __init__(self, app, prefix: str, token: str):
+        self.app, self.prefix, self.token = app, prefix, token.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("path", "").startswith(self.prefix):
+            import hmac
+
+            given = dict(scope.get("headers") or []).get(self.HEADER, b"")
+            if not hmac.compare_digest(given, self.token):
+                err = RouteNotFound(f"{scope.get('method')} {scope.get('path')}: not found")
+                body = json.dumps(err.body()).encode()
+                await send({"type": "http.response.start", "status": err.status,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+        await self.app(scope, receive, send)

@@ -16,11 +16,8 @@ from pathlib import Path
 
 from components.config import ServingConfig, TuneloopConfig
 from components.serving.engine import GenerationStream, SamplingParams
+from components.serving.errors import ServingSetupError  # noqa: F401  (raised here; callers import it from here too)
 from components.serving.openai_api import OpenAIServer, ServedModel
-
-
-class ServingSetupError(Exception):
-    """The server cannot start; the message says what to fix."""
 
 
 def resolve_model_dir(cfg: TuneloopConfig) -> Path:

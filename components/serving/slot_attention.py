@@ -13,8 +13,8 @@ lengths 50-350, 4 layers: 0.59 ms against 2.1 ms for `sdpa` (largest difference 
 3e-7).
 
 It is plain C (no torch headers), compiled once with the system C compiler
-(`$CC`, default `cc`: -O3 -march=native -fopenmp, ~0.2 s) into ~/.cache/tuneloop/kernels
-(TUNELOOP_KERNEL_CACHE overrides), keyed by source, flags, compiler and CPU, and called
+(`$CC`, default `cc`: -O3 -march=native -fopenmp, no -ffast-math, ~0.2 s) into ~/.cache/tuneloop/kernels
+(TUNELOOP_KERNEL_CACHE overrides), keyed by source, flags, compiler and the CPU's flags, and called
 through ctypes, which lets go of the GIL while it runs. Its OpenMP is torch's own libgomp
 (the same soname, already loaded), so it shares torch's threads. It is registered as the torch custom op `tuneloop::slot_decode_attention`,
 so a torch.compile'd step calls it like any other kernel. Where it cannot be built (no
@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 SOURCE = r"""
 #include <math.h>
 #include <stdlib.h>
+
+#ifdef TUNELOOP_VECTOR_EXPF
+/* glibc's libmvec has vector expf variants; saying so lets the compiler vectorize the
+   softmax's expf loop without -ffast-math (which would link crtfastmath and switch the
+   loading thread to flush-to-zero for the life of the process). */
+#pragma omp declare simd notinbranch
+extern float expf(float);
+#endif
 
 /* Row i's query (one token) attends to positions lo[i]..hi[i] (inclusive) of slot i.
    Contiguous float32: q, out [n, H, D]; k, v [>= n slots, KVH, M, D]; query head h reads
@@ -69,6 +77,7 @@ void slot_decode_attention(const float *q, const float *k, const float *v, float
                 scores[t - a] = s;
                 if (s > top) top = s;
             }
+            #pragma omp simd reduction(+:total)
             for (long t = 0; t <= b - a; t++) {
                 scores[t] = expf(scores[t] - top);
                 total += scores[t];
@@ -86,25 +95,36 @@ void slot_decode_attention(const float *q, const float *k, const float *v, float
     }
 }
 """
-# Tried in order: -ffast-math lets the compiler vectorize expf through glibc's libmvec;
-# where that does not link, the same without it (scalar expf).
+# Tried in order: expf vectorized through glibc's libmvec (declared in SOURCE); where that
+# does not link, scalar expf. Never -ffast-math: besides allowing the compiler to assume no
+# infinities (the softmax starts from -INFINITY), GCC < 13 links crtfastmath into a shared
+# object, whose constructor sets flush-to-zero on the thread that loads it.
 BUILDS = [
-    (["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"], ["-lmvec", "-lm"]),
-    (["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"], ["-lm"]),
+    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DTUNELOOP_VECTOR_EXPF", "-shared", "-fPIC"],
+     ["-lmvec", "-lm"]),
+    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"], ["-lm"]),
 ]
 
 _kernel = None  # the loaded function, once load_kernel() succeeded
 
 
 def _cpu_signature() -> str:
-    """What -march=native depends on: a cached build is only reused on the same kind of CPU."""
+    """What -march=native depends on: a cached build is only reused on the same kind of CPU.
+
+    The model name alone is not enough (one name covers CPUs, and virtual machines, with
+    different instruction sets): the whole flags line goes into the key too.
+    """
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "model name")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        lines = []
+    wanted = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU part")
+    seen: dict[str, str] = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in wanted and key not in seen:  # the first processor's lines
+            seen[key] = line
+    return "\n".join(seen.values()) or platform.processor() or platform.machine()
 
 
 def _build(compiler: str, target: Path) -> None:

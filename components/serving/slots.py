@@ -50,6 +50,7 @@ from components.serving.engine import (
     make_generator,
     sample_rows,
 )
+from components.serving.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,7 @@ class SlotEngine:
         self._inbox: deque[GenerationStream] = deque()
         self._wake = threading.Condition()
         self._stopping = False
+        self._closed = False  # the thread has ended: nothing more is taken
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once compiled (at once without serving.compile)
         # Decoding attention: our kernel over each row's own tokens where it builds and
@@ -269,17 +271,38 @@ class SlotEngine:
 
     def submit(self, stream: GenerationStream) -> None:
         """Queue stream for a slot (any thread; called on the event loop by the API)."""
-        if not self.is_running:
-            raise RuntimeError("the slots engine is not running")
-        stream.claimed = True
         with self._wake:
+            if self._closed or not self.is_running:
+                raise Unavailable("the generation engine is not running; the server is not ready",
+                                  retry_after_s=1)
+            stream.claimed = True
             self._inbox.append(stream)
             self._wake.notify()
 
     # ---- the loop ---------------------------------------------------------------------
     def _main(self) -> None:
-        import torch
+        """The engine's thread. However it ends -- stopped, or killed by an error nothing
+        else caught -- every running and queued request is failed at once (none waits for
+        its timeout), and submit() refuses new ones; /readyz turns red with is_running."""
+        ending: BaseException = Unavailable("the server is shutting down", retry_after_s=1)
+        try:
+            self._prepare()
+            self._loop()
+        except BaseException as exc:
+            log.critical("slots engine: the generation thread died; failing every request", exc_info=True)
+            ending = Unavailable(f"the generation engine died ({type(exc).__name__}: {exc}); the server is "
+                                 "not ready", retry_after_s=1)
+        finally:
+            with self._wake:
+                self._closed = True
+                streams = [row.stream for row in self.rows] + list(self._inbox)
+                self.rows, self._inbox = [], deque()
+            with batched_delivery():
+                for stream in streams:
+                    stream.finish("error", ending)
 
+    def _prepare(self) -> None:
+        """Pick the decoding attention and compile, on this thread, before taking requests."""
         if self.decode_attention == "kernel":
             try:
                 self.kernel = self._use_kernel()
@@ -296,23 +319,25 @@ class SlotEngine:
                 self._forward, self._decode_forward = self._run_model, self._decode_model
                 self.compiled, self.rows = False, []
         self.ready.set()
+
+    def _loop(self) -> None:
+        import torch
+
         with torch.inference_mode():
             while True:
                 with self._wake:
                     while not self._stopping and not self.rows and not self._inbox:
                         self._wake.wait(0.5)
                     if self._stopping:
-                        break
+                        return
                 try:
                     self._step()
                 except Exception as exc:  # the engine survives; the requests of this step do not
                     log.exception("slots engine step failed (%d running)", len(self.rows))
-                    for row in self.rows:
-                        row.stream.finish("error", exc)
+                    with batched_delivery():
+                        for row in self.rows:
+                            row.stream.finish("error", exc)
                     self.rows = []
-        gone = RuntimeError("the server is shutting down")
-        for stream in [row.stream for row in self.rows] + list(self._inbox):
-            stream.finish("error", gone)
 
     def _step(self) -> None:
         self._drop_cancelled()
@@ -464,8 +489,9 @@ class SlotEngine:
             self._hand_out(rows, logits, first_slot)
 
     def _hand_out(self, rows: list[_Row], logits, first_slot: int) -> None:
+        failed = {}
         if any(r.generator is not None for r in rows):
-            logits = sample_rows(logits, [None if r.generator is None else (r.stream.params, r.generator)
+            failed = sample_rows(logits, [None if r.generator is None else (r.stream.params, r.generator)
                                           for r in rows])
         tokens = logits.argmax(dim=-1).tolist()
         ended: list[int] = []
@@ -473,6 +499,9 @@ class SlotEngine:
         for i, (row, token) in enumerate(zip(rows, tokens)):
             stream = row.stream
             if stream.cancelled:
+                ended.append(first_slot + i)
+            elif i in failed:  # only this request fails; the rest of the step goes on
+                stream.finish("error", failed[i])
                 ended.append(first_slot + i)
             elif token in stop_ids:
                 stream.finish("stop")
