@@ -52,7 +52,12 @@ from pathlib import Path
 import bentoml
 
 from components.config import load_config
-from components.serving.openai_api import InternalRoutesGuard, OpenAIErrorMiddleware, create_app
+from components.serving.openai_api import (
+    InternalRoutesGuard,
+    OpenAIErrorMiddleware,
+    PublicOpenAPISpec,
+    create_app,
+)
 
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
 log = logging.getLogger("bentoml.tuneloop")
@@ -152,8 +157,7 @@ class TuneloopLLM:
             if SERVING.engine == "adaptive":
                 while getattr(self, "__self_proxy__", None) is None:
                     await asyncio.sleep(0.05)
-                # The in-process client is the only caller InternalRoutesGuard lets through.
-                self.__self_proxy__.to_async.client.headers[InternalRoutesGuard.HEADER.decode()] = INTERNAL_TOKEN
+                _pass_internal_routes(self.__self_proxy__.to_async)
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s: ready", seconds)
         except Exception:
@@ -192,6 +196,20 @@ class TuneloopLLM:
 TuneloopLLM.add_asgi_middleware(OpenAIErrorMiddleware)
 # Outsiders never reach the internal routes: not BentoML's validation, not the batcher.
 TuneloopLLM.add_asgi_middleware(InternalRoutesGuard, prefix="/internal/", token=INTERNAL_TOKEN)
+TuneloopLLM.add_asgi_middleware(PublicOpenAPISpec, hide_prefix="/internal/")
+
+
+def _pass_internal_routes(client) -> None:
+    """Give the in-process client (BentoML 1.4.40: proxy2.AsyncClient over aiohttp) the token
+    InternalRoutesGuard asks for: in the headers every session it makes starts from, and in
+    the session it may have made already. Without it the adaptive engine's batch calls get
+    404 and warm-up fails, so the serving tests notice if BentoML changes these internals."""
+    header = InternalRoutesGuard.HEADER.decode()
+    client.default_headers[header] = INTERNAL_TOKEN
+    manager = client._session_manager
+    manager._headers[header] = INTERNAL_TOKEN
+    if manager._session is not None:
+        manager._session.headers[header] = INTERNAL_TOKEN
 
 
 class _BentoBatchingBackend:

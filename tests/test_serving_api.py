@@ -1,7 +1,9 @@
 """The real thing: `bentoml serve bentos.service:TuneloopLLM` on a free port, driven by the
 official `openai` SDK (sync, async, streaming), for all three engines.
 
-Covers: completions and chat completions, typed SDK exceptions (400, 404, 429), 256
+Covers: completions and chat completions, typed SDK exceptions (400, 404, 429), a
+schemathesis run over the served spec (no 5xx, OpenAI-shaped errors), internal routes
+unreachable from outside, 256
 concurrent requests with zero errors (the BentoML 1.4.40 in-process client bug must not
 surface), batching observed in /metrics, greedy output equal to single-request
 `generate`, the OpenAPI spec, readiness after warm-up, and a disconnecting client
@@ -269,6 +271,83 @@ def test_openapi_spec_matches_the_routes(server):
     assert "messages" in schemas["ChatCompletionRequest"]["properties"]
     responses = paths["/v1/completions"]["post"]["responses"]
     assert {"200", "400", "404", "429", "503", "504"} <= set(responses) and "422" not in responses
+
+
+def test_internal_routes_are_unreachable_from_outside(server):
+    """The adaptive engine's self-call route answers 404 to every outside caller (well-formed,
+    malformed or empty bodies) and is not in the served spec; the other engines have none."""
+    import httpx
+
+    engine, url = server
+    attempts = [("POST", {"json": {"request_ids": ["x"]}}), ("POST", {"json": {"request_ids": 5}}),
+                ("POST", {"content": b"{not json"}), ("POST", {}), ("GET", {}),
+                ("POST", {"json": {"request_ids": ["x"]}, "headers": {"x-tuneloop-internal": "guess"}})]
+    for method, kw in attempts:
+        r = httpx.request(method, f"{url}/internal/generate_batch", timeout=30, **kw)
+        assert r.status_code == 404, (method, kw, r.status_code, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    with urllib.request.urlopen(f"{url}/docs.json", timeout=10) as r:
+        spec = json.loads(r.read())
+    assert not [p for p in spec["paths"] if p.startswith("/internal")]
+    client = sync_client(url)  # and the engine still works (adaptive: through that very route)
+    assert client.completions.create(model="tiny-chat", prompt="Hello", max_tokens=4).choices[0].text is not None
+
+
+def test_schemathesis_finds_no_server_error_and_only_openai_shaped_errors(server):
+    """Property-based requests from the served OpenAPI spec (valid and invalid ones), with
+    the model names a real client sends (the served ones and an unknown one): no 5xx, every
+    /v1 error in OpenAI's shape, every 200 JSON body valid against the documented schema."""
+    import hypothesis
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis import GenerationMode
+    from schemathesis.specs.openapi.checks import response_schema_conformance
+
+    engine, url = server
+    with urllib.request.urlopen(f"{url}/docs.json", timeout=10) as r:
+        spec = json.loads(r.read())
+    names = {"type": "string", "enum": ["tiny-chat:7", "tiny-chat@champion", "tiny-chat", "gpt-4o"]}
+    for request in ("CompletionRequest", "ChatCompletionRequest"):
+        spec["components"]["schemas"][request]["properties"]["model"] = names
+    for param in spec["paths"]["/v1/models/{model}"]["get"]["parameters"]:
+        param["schema"] = names
+    schema = schemathesis.openapi.from_dict(spec)
+    seen: dict[tuple, int] = {}
+    failures: list[str] = []
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        for result in schema.get_all_operations():
+            op = result.ok()
+            if not op.path.startswith("/v1"):
+                continue
+
+            @given(case=op.as_strategy(generation_mode=mode))
+            @settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None,
+                      suppress_health_check=list(HealthCheck), derandomize=True)
+            def check(case):
+                response = case.call(base_url=url, timeout=60)
+                key = (mode.value, op.method.upper(), op.path, response.status_code)
+                seen[key] = seen.get(key, 0) + 1
+                where = f"{key}: {case.body!r:.300}"
+                if response.status_code >= 500:
+                    failures.append(f"{where} -> {response.text[:300]}")
+                elif response.status_code >= 400:
+                    error = response.json().get("error")
+                    if not isinstance(error, dict) or set(error) != {"message", "type", "param", "code"}:
+                        failures.append(f"{where} -> not OpenAI-shaped: {response.text[:300]}")
+                elif "json" in response.headers.get("content-type", [""])[0]:
+                    try:
+                        case.validate_response(response, checks=[response_schema_conformance])
+                    except Exception as exc:  # noqa: BLE001 - collected and reported below
+                        failures.append(f"{where} -> {str(exc)[:300]}")
+
+            try:
+                check()
+            except hypothesis.errors.Unsatisfiable:
+                pass  # no invalid request exists for a route without parameters
+    print(f"\n{engine}: {sum(seen.values())} requests, " + ", ".join(f"{k}={v}" for k, v in sorted(seen.items())))
+    assert not failures, "\n".join(failures[:10])
+    assert any(k[0] == "positive" and k[3] == 200 and "completions" in k[2] for k in seen)  # it reached the engine
+    assert any(k[0] == "negative" and k[3] == 400 for k in seen)
 
 
 # ---------------------------------------------------------------------------------------

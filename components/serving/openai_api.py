@@ -906,3 +906,41 @@ class InternalRoutesGuard:
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
         await self.app(scope, receive, send)
+
+
+class PublicOpenAPISpec:
+    """The served OpenAPI spec (BentoML's `/docs.json`) as clients should read it: without
+    the routes under `hide_prefix` (nobody outside can call them), and declared as OpenAPI
+    3.1, which is what its schemas are (pydantic's JSON Schema: numeric exclusiveMinimum,
+    `type: null`); BentoML labels them 3.0.2, and 3.0 tools then reject them."""
+
+    def __init__(self, app, hide_prefix: str, path: str = "/docs.json"):
+        self.app, self.hide_prefix, self.path = app, hide_prefix, path
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") != self.path:
+            return await self.app(scope, receive, send)
+        start: dict = {}
+        chunks: list[bytes] = []
+
+        async def capture(message):
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    body = b"".join(chunks)
+                    if start.get("status") == 200:
+                        body = json.dumps(self.rewrite(json.loads(body))).encode()
+                    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+                    await send({**start, "headers": headers + [(b"content-length", str(len(body)).encode())]})
+                    await send({"type": "http.response.body", "body": body, "more_body": False})
+            else:
+                await send(message)
+
+        await self.app(scope, receive, capture)
+
+    def rewrite(self, spec: dict) -> dict:
+        spec["openapi"] = "3.1.0"
+        spec["paths"] = {k: v for k, v in spec.get("paths", {}).items() if not k.startswith(self.hide_prefix)}
+        return spec
