@@ -246,8 +246,11 @@ class ServingConfig(Section):
     max_concurrency: int = Field(512, ge=1)
     retry_after_s: int = Field(1, ge=0)
     request_timeout_s: float = Field(120.0, gt=0)  # per request, then 504
-    default_max_tokens: int = Field(64, ge=1)  # when a request gives no max_tokens
-    max_tokens_limit: int = Field(256, ge=1)  # larger max_tokens is a 400
+    # A request without max_tokens generates until a stop token or the end of the context
+    # window (as vLLM and OpenAI), or at most default_max_tokens when set. max_tokens_limit
+    # (when set) refuses larger max_tokens with a 400; unset, the context window is the limit.
+    default_max_tokens: int | None = Field(None, ge=1)
+    max_tokens_limit: int | None = Field(None, ge=1)
     warmup_requests: int = Field(12, ge=0)
     num_threads: int | None = Field(None, ge=1)  # torch intra-op threads; None: torch's default
 

@@ -140,17 +140,17 @@ def test_seeded_sampling_is_reproducible_and_engine_independent(loaded):
 def test_sample_rows_respects_top_p():
     import torch
 
-    from components.serving.engine import SamplingParams, make_generator, sample_rows
+    from components.serving.engine import RowSampler, SamplingParams, sample_rows
 
     # token 0 holds ~88% of the mass: top_p=0.5 must always pick it, greedy rows stay untouched
     logits = torch.tensor([[4.0, 2.0, 1.0, 0.0]] * 3)
-    rows = [(SamplingParams(1, temperature=1.0, top_p=0.5), make_generator(s)) for s in range(2)] + [None]
+    rows = [RowSampler(SamplingParams(1, temperature=1.0, top_p=0.5, seed=s)) for s in range(2)] + [None]
     for _ in range(20):
         out = logits.clone()
         assert sample_rows(out, rows) == {}
         assert out[:2].argmax(-1).tolist() == [0, 0]
         assert torch.equal(out[2], logits[2])
-    free = [(SamplingParams(1, temperature=1.0, top_p=1.0), make_generator(7))]
+    free = [RowSampler(SamplingParams(1, temperature=1.0, top_p=1.0, seed=7))]
     picks = set()
     for _ in range(200):
         out = logits[:1].clone()
@@ -443,7 +443,7 @@ def test_api_errors_are_openai_shaped(loaded):
     async def test(app, server, registry):
         client = sdk(app)
         with pytest.raises(openai.BadRequestError) as e:
-            await client.completions.create(model="tiny", prompt="Hi", n=2)
+            await client.completions.create(model="tiny", prompt="Hi", n=0)
         assert e.value.body["param"] == "n"
         with pytest.raises(openai.BadRequestError) as e:
             await client.completions.create(model="tiny", prompt="Hi", temperature=3)
@@ -456,7 +456,10 @@ def test_api_errors_are_openai_shaped(loaded):
         assert e.value.body["code"] == "context_length_exceeded"
         with pytest.raises(openai.BadRequestError) as e:
             await client.completions.create(model="tiny", prompt="Hi", max_tokens=10_000)
-        assert e.value.body["param"] == "max_tokens"
+        assert e.value.body["code"] == "context_length_exceeded" and "max_tokens" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", prompt="Hi", extra_body={"max_completion_tokens": 10_000})
+        assert e.value.body["code"] == "context_length_exceeded" and "max_completion_tokens" in e.value.body["message"]
 
         async with raw(app) as http:
             cases = [
@@ -478,7 +481,9 @@ def test_api_errors_are_openai_shaped(loaded):
             r = await http.get("/v1/completions")
             assert r.status_code == 405 and "error" in r.json()
         rejected = registry.get_sample_value("tuneloop_requests_rejected_total", {"reason": "invalid_request"})
-        assert rejected >= 10
+        assert rejected >= 9
+        too_long = registry.get_sample_value("tuneloop_requests_rejected_total", {"reason": "context_length_exceeded"})
+        assert too_long == 3
 
     run_with_engine(loaded, test)
 

@@ -43,7 +43,7 @@ class _BrokenGenerator:
 
 @pytest.fixture
 def faulty_seed(monkeypatch):
-    from components.serving import engine, slots
+    from components.serving import engine
 
     real = engine.make_generator
 
@@ -51,19 +51,18 @@ def faulty_seed(monkeypatch):
         return _BrokenGenerator() if seed == FAULTY_SEED else real(seed)
 
     monkeypatch.setattr(engine, "make_generator", make_generator)
-    monkeypatch.setattr(slots, "make_generator", make_generator)
 
 
 def test_extreme_sampling_values_sample_sanely():
     import torch
 
-    from components.serving.engine import SamplingParams, make_generator, sample_rows
+    from components.serving.engine import RowSampler, SamplingParams, make_generator, sample_rows
 
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]] * 4)
-    rows = [(SamplingParams(1, temperature=1e-40), make_generator(1)),  # greedy in effect
-            (SamplingParams(1, temperature=1e-4), make_generator(2)),  # divides to huge logits: no inf/NaN
-            (SamplingParams(1, temperature=1.0, top_p=1e-300), make_generator(2**63 - 1)),  # 0.0 in float32
-            (SamplingParams(1, temperature=2.0, top_p=1e-300), make_generator(-(2**63)))]
+    rows = [RowSampler(SamplingParams(1, temperature=1e-40, seed=1)),  # greedy in effect
+            RowSampler(SamplingParams(1, temperature=1e-4, seed=2)),  # divides to huge logits: no inf/NaN
+            RowSampler(SamplingParams(1, temperature=1.0, top_p=1e-300, seed=2**63 - 1)),  # 0.0 in float32
+            RowSampler(SamplingParams(1, temperature=2.0, top_p=1e-300, seed=-(2**63)))]
     for _ in range(10):
         out = logits.clone()
         assert sample_rows(out, rows) == {}
@@ -75,11 +74,11 @@ def test_extreme_sampling_values_sample_sanely():
 def test_a_row_whose_sampling_raises_fails_alone(faulty_seed):
     import torch
 
-    from components.serving.engine import SamplingParams, make_generator, sample_rows
+    from components.serving.engine import RowSampler, SamplingParams, sample_rows
 
     logits = torch.tensor([[0.0, 5.0, 1.0]] * 3)
-    rows = [(SamplingParams(1, temperature=1.0, top_p=0.1), make_generator(1)),
-            (SamplingParams(1, temperature=1.0), make_generator(FAULTY_SEED)), None]
+    rows = [RowSampler(SamplingParams(1, temperature=1.0, top_p=0.1, seed=1)),
+            RowSampler(SamplingParams(1, temperature=1.0, seed=FAULTY_SEED)), None]
     out = logits.clone()
     failures = sample_rows(out, rows)
     assert list(failures) == [1] and isinstance(failures[1], Exception)

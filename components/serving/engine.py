@@ -49,10 +49,20 @@ class SamplingParams:
     temperature: float = 1.0  # 0 (or below SAMPLING_EPS) = greedy
     top_p: float = 1.0
     seed: int | None = None
+    # OpenAI's penalties, on the tokens this generation produced so far (not the prompt):
+    # logit -= frequency_penalty * count + presence_penalty * (count > 0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    ignore_eos: bool = False  # vLLM's extension: stop tokens do not end the generation
 
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def shapes_logits(self) -> bool:
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 class GenerationStream:
@@ -213,6 +223,11 @@ class LoadedModel:
     context_length: int
     path: Path
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a request may name (logit_bias, token prompts): the model's output rows."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
     def encode(self, text: str) -> list[int]:
         """Token ids of text, no special tokens added: what `tokenizer(text, add_special_tokens=False)` gives.
 
@@ -280,26 +295,68 @@ def make_generator(seed: int | None):
 RowFailures = dict  # row index -> the exception that row's sampling raised
 
 
-def sample_rows(scores, rows: Sequence[tuple[SamplingParams, Any] | None]) -> RowFailures:
-    """Sample one token for every row that samples and make its scores one-hot (0 / -inf).
+class RowSampler:
+    """One generation's sampling state: its parameters, its own torch.Generator (sampled
+    rows), and how often it generated each token (for the penalties)."""
 
-    rows[i] is (params, torch.Generator) or None. Greedy rows (temperature ~0) and None rows
-    are left as they are, so an argmax over the result is greedy for them and returns the
-    sampled token for the others. Modifies scores in place.
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.generator = None if params.greedy else make_generator(params.seed)
+        self.counts: dict[int, int] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether sample_rows has anything to do for this row (else its logits stay as they are)."""
+        return not self.params.greedy or self.params.shapes_logits
+
+    def observe(self, token: int) -> None:
+        """Record a token this generation produced (what the penalties count)."""
+        if self.params.presence_penalty or self.params.frequency_penalty:
+            self.counts[token] = self.counts.get(token, 0) + 1
+
+
+def row_sampler(params: SamplingParams) -> RowSampler | None:
+    """A RowSampler where the row needs one, None for plain greedy rows (left to the argmax)."""
+    sampler = RowSampler(params)
+    return sampler if sampler.active else None
+
+
+def sample_rows(scores, rows: Sequence[RowSampler | None]) -> RowFailures:
+    """Shape and sample one token for every row that has a RowSampler; in place.
+
+    Shaping (logit_bias, presence/frequency penalties) changes a row's logits; a sampling
+    row's logits then become a one-hot (0 / -inf) on its drawn token. Greedy rows keep their
+    (shaped) logits, so an argmax over the result is every row's next token.
 
     One row's failure is that row's alone: it is returned ({row index: exception}) for its
     engine to end that request with an error, and every other row of the batch goes on.
     """
     failures: RowFailures = {}
     for i, row in enumerate(rows):
-        if row is None or row[0].greedy:
+        if row is None or not row.active:
             continue
         try:
-            _sample_row(scores, i, *row)
+            if row.params.shapes_logits:
+                _shape_row(scores, i, row)
+            if not row.params.greedy:
+                _sample_row(scores, i, row.params, row.generator)
         except Exception as exc:  # noqa: BLE001 - isolated to its row, reported to its stream
             log.exception("sampling failed for one row of a batch; only its request fails")
             failures[i] = exc
     return failures
+
+
+def _shape_row(scores, i: int, row: RowSampler) -> None:
+    import torch
+
+    p = row.params
+    if p.logit_bias:
+        ids = torch.tensor([t for t, _ in p.logit_bias], device=scores.device)
+        scores[i, ids] += torch.tensor([b for _, b in p.logit_bias], dtype=scores.dtype, device=scores.device)
+    if row.counts:
+        ids = torch.tensor(list(row.counts), device=scores.device)
+        counts = torch.tensor(list(row.counts.values()), dtype=scores.dtype, device=scores.device)
+        scores[i, ids] -= p.frequency_penalty * counts + p.presence_penalty
 
 
 def _sample_row(scores, i: int, params: SamplingParams, generator) -> None:
@@ -385,14 +442,16 @@ class BatchGenerator:
                                            for s in group])
             input_ids = input_ids.to(self.loaded.model.device)
             attention_mask = attention_mask.to(self.loaded.model.device)
-            rows = [None if s.params.greedy else (s.params, make_generator(s.params.seed)) for s in group]
-            tracker = _RowTracker(group, self.loaded.stop_ids)
+            rows = [row_sampler(s.params) for s in group]
+            tracker = _RowTracker(group, self.loaded.stop_ids, rows)
             sampling = _RowSampling(rows, on_failure=tracker.fail)
             config = GenerationConfig(
                 do_sample=False,
                 max_new_tokens=max(s.params.max_new_tokens for s in group),
                 pad_token_id=pad,
-                eos_token_id=sorted(self.loaded.stop_ids),
+                # The tracker ends each row at its stop tokens; `generate` may stop whole rows
+                # there too, unless one of them generates through them (ignore_eos).
+                eos_token_id=-1 if any(s.params.ignore_eos for s in group) else sorted(self.loaded.stop_ids),
             )
             with torch.inference_mode():
                 self.loaded.model.generate(
@@ -431,9 +490,11 @@ class _RowTracker:
     was cancelled. `generate` stops once every row has ended.
     """
 
-    def __init__(self, streams: list[GenerationStream], stop_ids: frozenset[int]):
+    def __init__(self, streams: list[GenerationStream], stop_ids: frozenset[int],
+                 samplers: Sequence[RowSampler | None] = ()):
         self.streams = streams
         self.stop_ids = stop_ids
+        self.samplers = list(samplers) or [None] * len(streams)
         self.counts = [0] * len(streams)
         self.ended = [False] * len(streams)
 
@@ -451,9 +512,11 @@ class _RowTracker:
                 continue
             if s.cancelled:
                 self._end(i, "cancelled")
-            elif last[i] in self.stop_ids:
+            elif last[i] in self.stop_ids and not s.params.ignore_eos:
                 self._end(i, "stop")
             else:
+                if self.samplers[i] is not None:
+                    self.samplers[i].observe(last[i])
                 s.emit([last[i]])
                 self.counts[i] += 1
                 if self.counts[i] >= s.params.max_new_tokens:
@@ -545,7 +608,7 @@ class ContinuousEngine:
             nonlocal emitted
             tokens = list(output.generated_tokens)
             finished = output.is_finished()
-            hit_stop = bool(tokens) and finished and tokens[-1] in stop_ids
+            hit_stop = bool(tokens) and finished and tokens[-1] in stop_ids and not stream.params.ignore_eos
             new = tokens[emitted: len(tokens) - 1 if hit_stop else len(tokens)]
             emitted += len(new)
             stream.emit(new)
@@ -569,7 +632,7 @@ class ContinuousEngine:
         stream.add_cancel_hook(on_cancel)
         self.manager.add_request(
             stream.prompt_ids, request_id=rid, max_new_tokens=stream.params.max_new_tokens, streaming=True,
-            eos_token_id=sorted(stop_ids),
+            eos_token_id=-1 if stream.params.ignore_eos else sorted(stop_ids),  # -1: none
         )
 
 
@@ -608,7 +671,7 @@ class _ContinuousSampler:
 
     def __init__(self, on_batch: BatchObserver | None):
         self.on_batch = on_batch
-        self._params: dict[str, tuple[SamplingParams, Any]] = {}
+        self._params: dict[str, RowSampler] = {}
         self._on_failure: dict[str, Callable[[BaseException], None]] = {}
         self._lock = threading.Lock()
         self._rows: list = []
@@ -617,7 +680,7 @@ class _ContinuousSampler:
     def register(self, request_id: str, params: SamplingParams,
                  on_failure: Callable[[BaseException], None] | None = None) -> None:
         with self._lock:
-            self._params[request_id] = (params, None if params.greedy else make_generator(params.seed))
+            self._params[request_id] = RowSampler(params)
             if on_failure is not None:
                 self._on_failure[request_id] = on_failure
 
@@ -641,11 +704,17 @@ class _ContinuousSampler:
         return torch.zeros(len(self._rows), dtype=torch.int32)
 
     def __call__(self, scores, tensor_arg):
-        for i, exc in sample_rows(scores, self._rows).items():
+        failures = sample_rows(scores, self._rows)
+        for i, exc in failures.items():
             with self._lock:
                 on_failure = self._on_failure.get(self._ids[i])
             if on_failure is not None:
                 on_failure(exc)
+        counting = [i for i, r in enumerate(self._rows) if i not in failures and r is not None
+                    and (r.params.presence_penalty or r.params.frequency_penalty)]
+        if counting:  # the manager's argmax will pick exactly these (the scores are shaped / one-hot)
+            for i, token in zip(counting, scores[counting].argmax(dim=-1).tolist()):
+                self._rows[i].observe(token)
         return scores
 
 

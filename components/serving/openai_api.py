@@ -79,19 +79,38 @@ class StreamOptions(_Strict):
 
 class _SamplingFields(_Strict):
     model: Text
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description="Default: until a stop token or the context window.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="The same as max_tokens (give one of them).")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, description="Only 1 is supported.")
+    n: int = Field(1, ge=1, le=128, description="Choices per prompt; with a seed, choice j samples with seed + j.")
     stop: Text | list[Text] | None = Field(None, description="Up to 4 strings; the text stops before them.")
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100].")
+    ignore_eos: bool = Field(False, description="vLLM's extension: keep generating through stop tokens.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: Text | None = None
+    # Accepted and not used (documented as such): they change no answer.
+    user: Text | None = Field(None, description="Accepted, not used.")
+    metadata: dict[str, Text] | None = Field(None, description="Accepted, not used.")
+    store: bool | None = Field(None, description="Accepted, not used: nothing is stored for later retrieval.")
+    service_tier: Text | None = Field(None, description="Accepted, not used.")
+    parallel_tool_calls: bool | None = Field(None, description="Accepted without tools, not used.")
+    # Known to OpenAI, not implemented: a request that sets one is refused, naming it.
+    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported: a non-empty list is a 400.")
+    tool_choice: Any = Field(None, description='Only "none".')
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Text | list[Text]
+    prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
+        description="A string, a list of strings, or token ids (a list, or a list of lists)")
+    echo: bool = Field(False, description="Return the prompt's text before the completion.")
+    suffix: Text | None = Field(None, description="Fill-in-the-middle; only for models with FIM tokens.")
+    logprobs: int | None = Field(None, ge=0, le=5, description="Not supported yet: a value is a 400.")
+    best_of: int | None = Field(None, ge=1, description="Only equal to n (no server-side ranking).")
 
 
 class TextContentPart(_Strict):
@@ -107,13 +126,28 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = Field(False, description="Not supported yet: true is a 400.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Not supported yet: a value is a 400.")
+    modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
+    audio: Any = Field(None, description="Not supported: a value is a 400.")
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # no prompt cache: always 0
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 FinishReason = Literal["stop", "length"]
@@ -232,8 +266,8 @@ class OpenAIServer:
     backend: Backend
     admission: AdmissionController
     served: ServedModel
-    default_max_tokens: int = 64
-    max_tokens_limit: int = 256
+    default_max_tokens: int | None = None  # None: until a stop token or the context window
+    max_tokens_limit: int | None = None  # None: the context window
     metrics: Any = None  # components.serving.metrics.ServingMetrics, or None
     stream_interval_s: float = 0.0  # see GenerationStream: tokens within it share one chunk
     ready: bool = False  # set once warm-up is done
@@ -353,10 +387,12 @@ class TextAssembler:
 
 @dataclass
 class _Prepared:
-    prompts: list[list[int]]
-    params: SamplingParams
+    prompts: list[list[int]]  # one per choice (a prompt repeated n times)
+    params: list[SamplingParams]  # one per choice
     stop: list[str]
     include_usage: bool
+    prompt_tokens: int  # each prompt counted once, whatever n is
+    echo: list[str] | None = None  # per choice: the prompt's text, returned before the completion
 
 
 def _check_model(server: OpenAIServer, model: str) -> None:
@@ -367,10 +403,56 @@ def _check_model(server: OpenAIServer, model: str) -> None:
         )
 
 
-def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int]], max_tokens: int | None,
-             prompt_param: str) -> _Prepared:
-    if body.n != 1:
-        raise InvalidRequest(f"n={body.n} is not supported: this server returns one choice (n=1)", param="n")
+def _refuse_unsupported(body: _SamplingFields) -> None:
+    """Parameters OpenAI knows and this server does not implement: a 400 naming each, never
+    silently ignored (each would change the answer)."""
+    if body.response_format is not None and body.response_format != {"type": "text"}:
+        raise InvalidRequest(f"response_format {json.dumps(body.response_format)[:100]} is not supported: this server "
+                             'does no constrained decoding; only {"type": "text"}', param="response_format")
+    if body.tools:
+        raise InvalidRequest("tools: tool calling is not supported by this server", param="tools")
+    if body.tool_choice not in (None, "none"):
+        raise InvalidRequest('tool_choice: tool calling is not supported by this server (only "none")',
+                             param="tool_choice")
+    if isinstance(body, ChatCompletionRequest):
+        if body.audio is not None:
+            raise InvalidRequest("audio: audio output is not supported by this server", param="audio")
+        if body.logprobs or body.top_logprobs is not None:
+            raise InvalidRequest("logprobs are not supported by this server yet", param="logprobs"
+                                 if body.logprobs else "top_logprobs")
+    if isinstance(body, CompletionRequest):
+        if body.logprobs is not None:
+            raise InvalidRequest("logprobs are not supported by this server yet", param="logprobs")
+        if body.best_of is not None and body.best_of != body.n:
+            raise InvalidRequest(f"best_of={body.best_of}: server-side ranking of completions is not supported; "
+                                 "give best_of equal to n, or leave it out", param="best_of")
+
+
+def _logit_bias(server: OpenAIServer, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    out = []
+    vocab = server.loaded.vocab_size
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequest(f"logit_bias: key {key!r} is not a token id", param="logit_bias") from None
+        if not 0 <= token < vocab:
+            raise InvalidRequest(f"logit_bias: token id {token} is outside this model's vocabulary (0..{vocab - 1})",
+                                 param="logit_bias")
+        if not -100 <= value <= 100:
+            raise InvalidRequest(f"logit_bias: the bias of token {token} is {value}; biases must lie in [-100, 100]",
+                                 param="logit_bias")
+        out.append((token, float(value)))
+    return tuple(out)
+
+
+def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int]], prompt_param: str,
+             echo: list[str] | None = None) -> _Prepared:
+    _refuse_unsupported(body)
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise InvalidRequest("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > 4:
         raise InvalidRequest("stop: at most 4 stop sequences are allowed", param="stop")
@@ -378,34 +460,87 @@ def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int
         raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
     ctx = server.loaded.context_length
     longest = max(len(p) for p in prompts)
-    if max_tokens is not None and max_tokens > server.max_tokens_limit:
-        raise InvalidRequest(
-            f"max_tokens={max_tokens} is above this server's limit of {server.max_tokens_limit}", param="max_tokens"
-        )
-    wanted = max_tokens if max_tokens is not None else min(server.default_max_tokens, max(ctx - longest, 1))
+    if max_tokens is not None and server.max_tokens_limit is not None and max_tokens > server.max_tokens_limit:
+        raise InvalidRequest(f"{param}={max_tokens} is above this server's limit of {server.max_tokens_limit}",
+                             param=param)
+    if max_tokens is not None:
+        wanted = max_tokens
+    else:  # until a stop token or the end of the context window (or the server's default)
+        wanted = max(ctx - longest, 1)
+        for cap in (server.default_max_tokens, server.max_tokens_limit):
+            wanted = min(wanted, cap) if cap is not None else wanted
     if longest + wanted > ctx:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {ctx} tokens. However, you requested {longest + wanted} "
             f"tokens ({longest} in the {prompt_param}, {wanted} for the completion). Please reduce the length "
-            f"of the {prompt_param} or of max_tokens.",
+            f"of the {prompt_param} or of {param}.",
             param=prompt_param,
         )
-    params = SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+    bias = _logit_bias(server, body.logit_bias)
+    choices, params = [], []
+    for ids in prompts:
+        for j in range(body.n):
+            seed = None if body.seed is None else body.seed + j  # n seeded choices differ, reproducibly
+            choices.append(ids)
+            params.append(SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
+                                         seed=seed, presence_penalty=body.presence_penalty,
+                                         frequency_penalty=body.frequency_penalty, logit_bias=bias,
+                                         ignore_eos=body.ignore_eos))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return _Prepared(prompts, params, stop, include_usage)
+    echoed = [text for text in echo for _ in range(body.n)] if echo is not None else None
+    return _Prepared(choices, params, stop, include_usage, sum(len(p) for p in prompts), echoed)
 
 
 def _tokenize_completion(server: OpenAIServer, body: CompletionRequest) -> list[list[int]]:
-    texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if not texts:
+    prompt = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]  # one prompt: a string or one list of token ids
+    if not prompt:
         raise InvalidRequest("prompt: an empty list has nothing to complete", param="prompt")
     tok = server.loaded.tokenizer
+    boundary = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     out = []
-    for text in texts:
-        ids = server.loaded.encode(text)
+    for item in prompt:
+        if isinstance(item, str):
+            text = item
+            if body.suffix is not None:
+                text = _fill_in_the_middle(server, item, body.suffix)
+            ids = server.loaded.encode(text)
+        else:
+            if body.suffix is not None:
+                raise InvalidRequest("suffix needs a text prompt, not token ids", param="suffix")
+            bad = [t for t in item if not 0 <= t < server.loaded.vocab_size]
+            if bad:
+                raise InvalidRequest(f"prompt: token id {bad[0]} is outside this model's vocabulary "
+                                     f"(0..{server.loaded.vocab_size - 1})", param="prompt")
+            ids = list(item)
         # An empty prompt starts from the document boundary, as GPT-2 style models expect.
-        out.append(ids or [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id])
+        out.append(ids or [boundary])
     return out
+
+
+FIM_TOKENS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+
+
+def _fill_in_the_middle(server: OpenAIServer, prefix: str, suffix: str) -> str:
+    """The prompt of a fill-in-the-middle completion: only models trained with FIM tokens have one."""
+    tok = server.loaded.tokenizer
+    ids = [tok.convert_tokens_to_ids(t) for t in FIM_TOKENS]
+    if any(not isinstance(i, int) or i == tok.unk_token_id for i in ids):
+        raise InvalidRequest("suffix: this model has no fill-in-the-middle tokens "
+                             f"({', '.join(FIM_TOKENS)}), so it cannot insert text", param="suffix")
+    return f"{FIM_TOKENS[0]}{prefix}{FIM_TOKENS[1]}{suffix}{FIM_TOKENS[2]}"
+
+
+def _echo_texts(server: OpenAIServer, body: CompletionRequest, prompts: list[list[int]]) -> list[str] | None:
+    if not body.echo:
+        return None
+    if body.suffix is not None:
+        raise InvalidRequest("echo and suffix cannot be used together", param="echo")
+    texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if texts and isinstance(texts[0], str):
+        return list(texts)
+    return [server.loaded.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
 
 
 def _tokenize_chat(server: OpenAIServer, body: ChatCompletionRequest) -> list[list[int]]:
@@ -446,8 +581,9 @@ class _Generations:
         # loop.time() and time.monotonic() are the same clock.
         self.deadline = self.ticket.deadline
         self.started_at = time.perf_counter()
-        self.streams = [GenerationStream(f"{request_id}-{i}", ids, prepared.params, loop, server.stream_interval_s)
-                        for i, ids in enumerate(prepared.prompts)]
+        self.streams = [GenerationStream(f"{request_id}-{i}", ids, params, loop, server.stream_interval_s)
+                        for i, (ids, params) in enumerate(zip(prepared.prompts, prepared.params))]
+        self.prompt_tokens = prepared.prompt_tokens
         self.assemblers = [TextAssembler(server.loaded.tokenizer, prepared.stop) for _ in self.streams]
         self.completion_tokens = [0] * len(self.streams)
         self._got_token = [False] * len(self.streams)
@@ -463,10 +599,6 @@ class _Generations:
         except Exception:
             self.close()
             raise
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(s.prompt_ids) for s in self.streams)
 
     async def choice_deltas(self, i: int):
         """(text delta, finish_reason or None) for choice i until it ends."""
@@ -629,7 +761,11 @@ def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_
 def _usage(gens: _Generations) -> dict:
     completion = sum(gens.completion_tokens)
     return {"prompt_tokens": gens.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": gens.prompt_tokens + completion}
+            "total_tokens": gens.prompt_tokens + completion,
+            # What is known of them: no prompt cache, no reasoning, no predicted outputs.
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                          "rejected_prediction_tokens": 0}}
 
 
 async def _generate_or_raise(gens: _Generations, request: Request) -> list[tuple[str, str]] | None:
@@ -650,7 +786,9 @@ async def _generate_or_raise(gens: _Generations, request: Request) -> list[tuple
 
 async def create_completion(server: OpenAIServer, body: CompletionRequest, request: Request):
     _check_model(server, body.model)
-    prepared = _prepare(server, body, _tokenize_completion(server, body), body.max_tokens, "prompt")
+    prompts = _tokenize_completion(server, body)
+    prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
+    echo = prepared.echo
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     gens = _Generations(server, prepared, rid)
     base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
@@ -665,22 +803,20 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
                 out["usage"] = usage
             return out
 
-        return _stream_response(gens, chunk, prepared.include_usage, [])
+        first = [chunk(i, text, None) for i, text in enumerate(echo)] if echo else []
+        return _stream_response(gens, chunk, prepared.include_usage, first)
 
     results = await _generate_or_raise(gens, request)
     if results is None:
         return Response(status_code=499)  # client closed the request (nginx's code); nobody reads it
-    choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+    choices = [{"index": i, "text": (echo[i] if echo else "") + text, "logprobs": None, "finish_reason": finish}
                for i, (text, finish) in enumerate(results)]
     return JSONResponse({**base, "choices": choices, "usage": _usage(gens)})
 
 
 async def create_chat_completion(server: OpenAIServer, body: ChatCompletionRequest, request: Request):
     _check_model(server, body.model)
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        raise InvalidRequest("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    prepared = _prepare(server, body, _tokenize_chat(server, body), max_tokens, "messages")
+    prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     gens = _Generations(server, prepared, rid)
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
@@ -695,8 +831,8 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
                 out["usage"] = usage
             return out
 
-        first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}]}
+        first = {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None} for i in range(len(gens.streams))]}
         if prepared.include_usage:
             first["usage"] = None
         return _stream_response(gens, chunk, prepared.include_usage, [first])

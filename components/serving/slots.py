@@ -47,7 +47,8 @@ from components.serving.engine import (
     LoadedModel,
     SamplingParams,
     batched_delivery,
-    make_generator,
+    RowSampler,
+    row_sampler,
     sample_rows,
 )
 from components.serving.errors import Unavailable
@@ -195,7 +196,7 @@ class _Row:
     length: int  # tokens in the slot after the padding (prompt + generated so far)
     last: int  # the token to feed next
     generated: int = 0
-    generator: Any = None  # torch.Generator for sampling rows, None for greedy
+    sampler: RowSampler | None = None  # sampling / shaped rows; None for plain greedy
 
     @property
     def write_at(self) -> int:
@@ -378,7 +379,7 @@ class SlotEngine:
                 width = new_width
                 params = stream.params
                 row = _Row(stream, offset=0, length=n, last=-1,
-                           generator=None if params.greedy else make_generator(params.seed))
+                           sampler=row_sampler(params))
                 newcomers.append(row)
                 self.rows.append(row)
         for row in newcomers:
@@ -490,9 +491,8 @@ class SlotEngine:
 
     def _hand_out(self, rows: list[_Row], logits, first_slot: int) -> None:
         failed = {}
-        if any(r.generator is not None for r in rows):
-            failed = sample_rows(logits, [None if r.generator is None else (r.stream.params, r.generator)
-                                          for r in rows])
+        if any(r.sampler is not None for r in rows):
+            failed = sample_rows(logits, [r.sampler for r in rows])
         tokens = logits.argmax(dim=-1).tolist()
         ended: list[int] = []
         stop_ids = self.loaded.stop_ids
@@ -503,10 +503,12 @@ class SlotEngine:
             elif i in failed:  # only this request fails; the rest of the step goes on
                 stream.finish("error", failed[i])
                 ended.append(first_slot + i)
-            elif token in stop_ids:
+            elif token in stop_ids and not stream.params.ignore_eos:
                 stream.finish("stop")
                 ended.append(first_slot + i)
             else:
+                if row.sampler is not None:
+                    row.sampler.observe(token)
                 stream.emit([token])
                 row.generated += 1
                 row.last = token

@@ -1,0 +1,196 @@
+"""OpenAI parameters beyond the basics, as vLLM's OpenAI server accepts them.
+
+Engine level, the same for all three engines: logit_bias, presence/frequency penalties and
+ignore_eos (vLLM's extension) give identical greedy text whoever runs them. API level, with
+the official `openai` SDK over the slots engine in-process: n > 1 (with list prompts and
+seeds), echo, token-id prompts, max_completion_tokens on both routes, no max_tokens = until
+a stop token or the context window, usage details, the documented no-op parameters, and a
+400 naming each parameter that is known to OpenAI but not implemented here.
+
+The same requests through the real `bentoml serve`: test_serving_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.serving_tiny_model import build_tiny_model  # noqa: E402
+from tests.test_serving_engine import make_server, raw, sdk  # noqa: E402
+from tests.test_serving_isolation import _run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    from components.serving.engine import load_model
+
+    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
+
+
+ENGINES = ["adaptive", "continuous", "slots"]
+
+
+def _greedy(loaded, prompt: str, **params):
+    from components.serving.engine import SamplingParams
+
+    return (loaded.tokenizer(prompt)["input_ids"], SamplingParams(temperature=0.0, **params))
+
+
+def test_shaping_and_ignore_eos_are_the_same_on_every_engine(loaded):
+    eos = loaded.tokenizer.eos_token_id
+    specs = [
+        _greedy(loaded, "Hello world", max_new_tokens=12),
+        _greedy(loaded, "Hello world", max_new_tokens=12, presence_penalty=1.5, frequency_penalty=2.0),
+        _greedy(loaded, "Hello world", max_new_tokens=12, logit_bias=((eos, 100.0),)),  # stops at once
+        _greedy(loaded, "Hello world", max_new_tokens=12, logit_bias=((eos, 100.0),), ignore_eos=True),
+        _greedy(loaded, "The quick brown fox", max_new_tokens=10, logit_bias=((42, 100.0),)),
+    ]
+    results = {engine: _run(loaded, engine, specs) for engine in ENGINES}
+    for engine, got in results.items():
+        assert not [g for g in got if isinstance(g, Exception)], (engine, got)
+    plain, penalised, stopped, through, biased = results["slots"]
+    assert results["adaptive"] == results["continuous"] == results["slots"]
+    assert penalised[0] != plain[0]
+    # frequency_penalty 2 on a 12-token greedy text: no token repeats more than twice
+    assert max(penalised[0].count(t) for t in penalised[0]) <= 2 < max(plain[0].count(t) for t in plain[0])
+    assert stopped == ([], "stop")
+    assert through == ([eos] * 12, "length")  # the stop token is generated, and does not stop it
+    assert biased == ([42] * 10, "length")
+
+
+def run_api(loaded, test):
+    from components.serving.openai_api import create_app
+    from components.serving.slots import SlotEngine
+
+    async def main():
+        engine = SlotEngine(loaded, num_slots=8)
+        engine.launch()
+        await asyncio.to_thread(engine.ready.wait, 120)
+        server = make_server(loaded, engine)
+        app = create_app()
+        app.state.server = server
+        try:
+            return await test(app, server)
+        finally:
+            engine.stop()
+
+    return asyncio.run(main())
+
+
+def test_n_echo_token_prompts_and_max_completion_tokens(loaded):
+    async def test(app, server):
+        client = sdk(app)
+        r = await client.completions.create(model="tiny", prompt=["Hello world", "The quick"], n=3, max_tokens=6,
+                                            temperature=1.0, seed=11)
+        assert [c.index for c in r.choices] == list(range(6))
+        tok = loaded.tokenizer
+        prompt_tokens = len(tok("Hello world")["input_ids"]) + len(tok("The quick")["input_ids"])
+        assert r.usage.prompt_tokens == prompt_tokens  # each prompt once, not once per choice
+        assert r.usage.completion_tokens == 36
+        again = await client.completions.create(model="tiny", prompt=["Hello world", "The quick"], n=3, max_tokens=6,
+                                                temperature=1.0, seed=11)
+        assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded: reproducible
+        assert len({c.text for c in r.choices[:3]}) > 1  # and the n choices of one prompt differ
+        one = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=6, temperature=1.0,
+                                              seed=12)
+        assert one.choices[0].text == r.choices[1].text  # choice j samples with seed + j
+
+        echoed = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=5, temperature=0,
+                                                 echo=True)
+        # (the SDK's completions.create has no max_completion_tokens argument; vLLM and this server take it)
+        plain = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
+                                                extra_body={"max_completion_tokens": 5})
+        assert echoed.choices[0].text == "Hello world" + plain.choices[0].text
+        assert plain.usage.completion_tokens <= 5
+        stream = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=5, temperature=0,
+                                                 echo=True, stream=True)
+        assert "".join([c.choices[0].text async for c in stream if c.choices]) == echoed.choices[0].text
+
+        ids = tok("Hello world")["input_ids"]
+        by_ids = await client.completions.create(model="tiny", prompt=ids, max_tokens=5, temperature=0)
+        assert by_ids.choices[0].text == plain.choices[0].text
+        batch = await client.completions.create(model="tiny", prompt=[ids, ids[:1]], max_tokens=3, temperature=0)
+        assert len(batch.choices) == 2 and batch.usage.prompt_tokens == len(ids) + 1
+
+        chat = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], n=2,
+                                                    temperature=0, max_completion_tokens=4)
+        assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message == chat.choices[1].message
+        streamed = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                                        n=2, temperature=0, max_completion_tokens=4, stream=True)
+        texts, finishes = {0: "", 1: ""}, {}
+        async for c in streamed:
+            for choice in c.choices:
+                texts[choice.index] += choice.delta.content or ""
+                if choice.finish_reason:
+                    finishes[choice.index] = choice.finish_reason
+        assert texts == {0: chat.choices[0].message.content, 1: chat.choices[1].message.content}
+        assert set(finishes) == {0, 1}
+
+    run_api(loaded, test)
+
+
+def test_no_max_tokens_means_until_a_stop_token_or_the_window(loaded):
+    async def test(app, server):
+        client = sdk(app)
+        eos = loaded.tokenizer.eos_token_id
+        r = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
+                                            extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length"
+        assert r.usage.total_tokens == loaded.context_length  # it filled the window
+        r = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
+                                            logit_bias={str(eos): 100})
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 0
+        d = r.usage.model_dump()
+        assert d["prompt_tokens_details"]["cached_tokens"] == 0
+        assert d["completion_tokens_details"]["reasoning_tokens"] == 0
+
+    run_api(loaded, test)
+
+
+def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
+    import openai
+
+    async def test(app, server):
+        client = sdk(app)
+        messages = [{"role": "user", "content": "Hi"}]
+        base = await client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=6)
+        same = await client.chat.completions.create(
+            model="tiny", messages=messages, temperature=0, max_tokens=6, user="u1", metadata={"team": "a"},
+            store=False, service_tier="auto", parallel_tool_calls=False, response_format={"type": "text"},
+            tool_choice="none", extra_body={"modalities": ["text"]})
+        assert same.choices[0].message.content == base.choices[0].message.content
+        refused = [
+            ({"response_format": {"type": "json_object"}}, "response_format"),
+            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+             "response_format"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"logprobs": True}, "logprobs"),
+            ({"top_logprobs": 2}, "top_logprobs"),
+            ({"extra_body": {"audio": {"voice": "alloy", "format": "wav"}}}, "audio"),
+            ({"extra_body": {"modalities": ["audio"]}}, "modalities[0]"),
+            ({"logit_bias": {"999999": 1}}, "logit_bias"),
+            ({"logit_bias": {"x": 1}}, "logit_bias"),
+            ({"logit_bias": {"5": -101}}, "logit_bias"),
+            ({"max_tokens": 4, "max_completion_tokens": 4}, "max_completion_tokens"),
+            ({"presence_penalty": 2.5}, "presence_penalty"),
+            ({"extra_body": {"functions": [{"name": "f"}]}}, "functions"),
+        ]
+        for extra, param in refused:
+            with pytest.raises(openai.BadRequestError) as e:
+                await client.chat.completions.create(model="tiny", messages=messages, **extra)
+            assert e.value.body["param"] == param, (extra, e.value.body)
+        for extra, param in [({"logprobs": 2}, "logprobs"), ({"suffix": " end."}, "suffix"),
+                             ({"best_of": 3}, "best_of"), ({"prompt": [[1, 2], [999999]]}, "prompt")]:
+            with pytest.raises(openai.BadRequestError) as e:
+                await client.completions.create(**{"model": "tiny", "prompt": "Hi", **extra})
+            assert e.value.body["param"] == param, (extra, e.value.body)
+        ok = await client.completions.create(model="tiny", prompt="Hi", best_of=2, n=2, max_tokens=2)
+        assert len(ok.choices) == 2
+
+    run_api(loaded, test)
