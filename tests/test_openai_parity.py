@@ -1,9 +1,10 @@
 """OpenAI parameters beyond the basics, as vLLM's OpenAI server accepts them.
 
 Engine level, the same for all three engines: logit_bias, presence/frequency penalties and
-ignore_eos (vLLM's extension) give identical greedy text whoever runs them. API level, with
+ignore_eos (vLLM's extension) give identical greedy text whoever runs them, and logprobs
+equal the model's own log-softmax. API level, with
 the official `openai` SDK over the slots engine in-process: n > 1 (with list prompts and
-seeds), echo, token-id prompts, max_completion_tokens on both routes, no max_tokens = until
+seeds), echo, token-id prompts, logprobs on both routes (also streamed), max_completion_tokens on both routes, no max_tokens = until
 a stop token or the context window, usage details, the documented no-op parameters, and a
 400 naming each parameter that is known to OpenAI but not implemented here.
 
@@ -170,8 +171,7 @@ def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
              "response_format"),
             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
             ({"tool_choice": "auto"}, "tool_choice"),
-            ({"logprobs": True}, "logprobs"),
-            ({"top_logprobs": 2}, "top_logprobs"),
+            ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=true
             ({"extra_body": {"audio": {"voice": "alloy", "format": "wav"}}}, "audio"),
             ({"extra_body": {"modalities": ["audio"]}}, "modalities[0]"),
             ({"logit_bias": {"999999": 1}}, "logit_bias"),
@@ -185,12 +185,71 @@ def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
             with pytest.raises(openai.BadRequestError) as e:
                 await client.chat.completions.create(model="tiny", messages=messages, **extra)
             assert e.value.body["param"] == param, (extra, e.value.body)
-        for extra, param in [({"logprobs": 2}, "logprobs"), ({"suffix": " end."}, "suffix"),
+        for extra, param in [({"logprobs": 2, "echo": True}, "echo"), ({"suffix": " end."}, "suffix"),
                              ({"best_of": 3}, "best_of"), ({"prompt": [[1, 2], [999999]]}, "prompt")]:
             with pytest.raises(openai.BadRequestError) as e:
                 await client.completions.create(**{"model": "tiny", "prompt": "Hi", **extra})
             assert e.value.body["param"] == param, (extra, e.value.body)
         ok = await client.completions.create(model="tiny", prompt="Hi", best_of=2, n=2, max_tokens=2)
         assert len(ok.choices) == 2
+
+    run_api(loaded, test)
+
+
+def test_logprobs_are_the_models_own_on_every_engine(loaded):
+    import torch
+
+    specs = [_greedy(loaded, "Hello world", max_new_tokens=5, logprobs=3),
+             _greedy(loaded, "The quick brown fox", max_new_tokens=4, logprobs=0, logit_bias=((42, 5.0),))]
+    streams_by_engine = {}
+    for engine in ENGINES:
+        captured = []
+        _run(loaded, engine, specs, keep=captured)
+        streams_by_engine[engine] = [s.token_logprobs for s in captured]
+    ref = streams_by_engine["slots"]
+    for engine, got in streams_by_engine.items():
+        for a, b in zip(got, ref):
+            assert len(a) == len(b) > 0, engine
+            for (own_a, top_a), (own_b, top_b) in zip(a, b):
+                assert abs(own_a - own_b) < 1e-4 and [t for t, _ in top_a] == [t for t, _ in top_b], engine
+    # the first token's entry is the model's own distribution at the end of the prompt, before logit_bias
+    for (ids, params), entries in zip(specs, ref):
+        with torch.inference_mode():
+            lp = torch.log_softmax(loaded.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        own, top = entries[0]
+        assert len(top) == params.logprobs
+        if top:
+            values, best = torch.topk(lp, params.logprobs)
+            assert [t for t, _ in top] == best.tolist()
+            assert abs(top[0][1] - float(values[0])) < 1e-4 and abs(own - float(values[0])) < 1e-4  # greedy
+        else:
+            assert abs(own - float(lp[42])) < 1e-4  # the biased pick, scored by the unbiased model
+
+
+def test_logprobs_through_the_api(loaded):
+    async def test(app, server):
+        client = sdk(app)
+        r = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=6, temperature=0,
+                                            logprobs=2)
+        lp = r.choices[0].logprobs
+        assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == r.usage.completion_tokens
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
+        assert all(len(top) <= 2 and lp.tokens[k] in top for k, top in enumerate(lp.top_logprobs))
+        assert all(v <= 0 for v in lp.token_logprobs)
+
+        messages = [{"role": "user", "content": "Hi"}]
+        chat = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0,
+                                                    logprobs=True, top_logprobs=3)
+        content = chat.choices[0].logprobs.content
+        assert "".join(c.token for c in content) == chat.choices[0].message.content
+        assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob == c.logprob for c in content)
+        assert all(bytes(c.bytes).decode() == c.token for c in content)
+        streamed = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5,
+                                                        temperature=0, logprobs=True, top_logprobs=3, stream=True)
+        pieces = [e for c in [c async for c in streamed] if c.choices and c.choices[0].logprobs
+                  for e in c.choices[0].logprobs.content]
+        assert [(e.token, round(e.logprob, 5)) for e in pieces] == [(e.token, round(e.logprob, 5)) for e in content]
+        plain = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+        assert plain.choices[0].logprobs is None
 
     run_api(loaded, test)

@@ -106,12 +106,16 @@ async def _outcomes(streams):
     return out
 
 
-def _run(loaded, engine_name, specs):
+def _run(loaded, engine_name, specs, keep: list | None = None):
+    """Run (prompt ids, SamplingParams) specs through one engine; [(ids, finish_reason) or the
+    exception]. keep: a list that receives the streams."""
     from components.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream
     from components.serving.slots import SlotEngine
 
     async def main():
         streams = [GenerationStream(f"{engine_name}{i}", ids, p) for i, (ids, p) in enumerate(specs)]
+        if keep is not None:
+            keep.extend(streams)
         if engine_name == "adaptive":
             job = asyncio.get_running_loop().run_in_executor(None, BatchGenerator(loaded).run, streams)
             results = await _outcomes(streams)

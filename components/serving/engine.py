@@ -55,6 +55,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     ignore_eos: bool = False  # vLLM's extension: stop tokens do not end the generation
+    logprobs: int | None = None  # per token: its log-probability and this many top alternatives
 
     @property
     def greedy(self) -> bool:
@@ -63,6 +64,12 @@ class SamplingParams:
     @property
     def shapes_logits(self) -> bool:
         return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+# One generated token's log-probabilities (of the model's own distribution, before
+# logit_bias, penalties, temperature and top_p, as vLLM reports them by default):
+# (its own, [(token id, log-probability) of the top alternatives, most likely first]).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 class GenerationStream:
@@ -93,23 +100,29 @@ class GenerationStream:
         # last hand-over wait here and go to the event loop together, as one SSE chunk.
         self.interval_s = interval_s
         self._held: list[int] = []
+        self._held_logprobs: list[TokenLogprobs] = []
         self._handed_at: float | None = None
+        self.token_logprobs: list[TokenLogprobs] = []  # event-loop side, one per delivered token (if asked)
 
     # ---- engine side (the engine's thread: one at a time per stream) ----------------
-    def emit(self, token_ids: Sequence[int]) -> None:
+    def emit(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs] | None = None) -> None:
         if not token_ids:
             return
         self._held.extend(token_ids)
+        if logprobs:
+            self._held_logprobs.extend(logprobs)
         now = time.perf_counter()
         if self._handed_at is None or now - self._handed_at >= self.interval_s:  # the first token: at once
             self._handed_at = now
-            self._post(("tokens", self._held))
-            self._held = []
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        self._post(("tokens", self._held, self._held_logprobs))
+        self._held, self._held_logprobs = [], []
 
     def finish(self, reason: str, error: BaseException | None = None) -> None:
         if self._held:
-            self._post(("tokens", self._held))
-            self._held = []
+            self._hand_over()
         self._post(("finish", reason, error))
 
     @property
@@ -134,6 +147,7 @@ class GenerationStream:
             if self.first_token_at is None:
                 self.first_token_at = now
             self.num_generated += len(event[1])
+            self.token_logprobs.extend(event[2])
         else:
             self.finish_reason, self.error, self.finished_at = event[1], event[2], now
         self._events.append(event)
@@ -303,16 +317,26 @@ class RowSampler:
         self.params = params
         self.generator = None if params.greedy else make_generator(params.seed)
         self.counts: dict[int, int] = {}
+        # logprobs of the tokens sample_rows picked, not yet handed to the stream (the engine
+        # thread appends; whoever emits the token takes them, on any thread: deque is safe)
+        self._logprobs: deque[TokenLogprobs] = deque()
 
     @property
     def active(self) -> bool:
         """Whether sample_rows has anything to do for this row (else its logits stay as they are)."""
-        return not self.params.greedy or self.params.shapes_logits
+        return not self.params.greedy or self.params.shapes_logits or self.params.logprobs is not None
 
     def observe(self, token: int) -> None:
         """Record a token this generation produced (what the penalties count)."""
         if self.params.presence_penalty or self.params.frequency_penalty:
             self.counts[token] = self.counts.get(token, 0) + 1
+
+    def take_logprobs(self, n: int = 1) -> list[TokenLogprobs]:
+        """The logprobs of the next n picked tokens ([] without logprobs)."""
+        out = []
+        while self._logprobs and len(out) < n:
+            out.append(self._logprobs.popleft())
+        return out
 
 
 def row_sampler(params: SamplingParams) -> RowSampler | None:
@@ -321,17 +345,37 @@ def row_sampler(params: SamplingParams) -> RowSampler | None:
     return sampler if sampler.active else None
 
 
+LOGPROB_FLOOR = -9999.0  # what JSON can carry for log(0), as vLLM reports it
+
+
+def token_logprobs(lp, token: int, top: int) -> TokenLogprobs:
+    """One token's entry from its row's log-probabilities."""
+    import torch
+
+    own = max(float(lp[token]), LOGPROB_FLOOR)
+    if top <= 0:
+        return own, []
+    values, ids = torch.topk(lp, min(top, lp.shape[-1]))
+    return own, [(int(i), max(float(v), LOGPROB_FLOOR)) for i, v in zip(ids.tolist(), values.tolist())]
+
+
 def sample_rows(scores, rows: Sequence[RowSampler | None]) -> RowFailures:
     """Shape and sample one token for every row that has a RowSampler; in place.
 
     Shaping (logit_bias, presence/frequency penalties) changes a row's logits; a sampling
     row's logits then become a one-hot (0 / -inf) on its drawn token. Greedy rows keep their
-    (shaped) logits, so an argmax over the result is every row's next token.
+    (shaped) logits, so an argmax over the result is every row's next token. Rows that
+    report logprobs get that token's entry queued on their RowSampler (take_logprobs).
 
     One row's failure is that row's alone: it is returned ({row index: exception}) for its
     engine to end that request with an error, and every other row of the batch goes on.
     """
+    import torch
+
     failures: RowFailures = {}
+    reporting = [i for i, r in enumerate(rows) if r is not None and r.params.logprobs is not None]
+    # the model's own distribution, before anything below changes the logits
+    raw = dict(zip(reporting, torch.log_softmax(scores[reporting].float(), dim=-1).cpu())) if reporting else {}
     for i, row in enumerate(rows):
         if row is None or not row.active:
             continue
@@ -340,6 +384,8 @@ def sample_rows(scores, rows: Sequence[RowSampler | None]) -> RowFailures:
                 _shape_row(scores, i, row)
             if not row.params.greedy:
                 _sample_row(scores, i, row.params, row.generator)
+            if i in raw:  # the token the engine's argmax will pick from these scores
+                row._logprobs.append(token_logprobs(raw[i], int(scores[i].argmax()), row.params.logprobs))
         except Exception as exc:  # noqa: BLE001 - isolated to its row, reported to its stream
             log.exception("sampling failed for one row of a batch; only its request fails")
             failures[i] = exc
@@ -515,9 +561,10 @@ class _RowTracker:
             elif last[i] in self.stop_ids and not s.params.ignore_eos:
                 self._end(i, "stop")
             else:
-                if self.samplers[i] is not None:
-                    self.samplers[i].observe(last[i])
-                s.emit([last[i]])
+                sampler = self.samplers[i]
+                if sampler is not None:
+                    sampler.observe(last[i])
+                s.emit([last[i]], sampler.take_logprobs() if sampler is not None else None)
                 self.counts[i] += 1
                 if self.counts[i] >= s.params.max_new_tokens:
                     self._end(i, "length")
@@ -611,7 +658,7 @@ class ContinuousEngine:
             hit_stop = bool(tokens) and finished and tokens[-1] in stop_ids and not stream.params.ignore_eos
             new = tokens[emitted: len(tokens) - 1 if hit_stop else len(tokens)]
             emitted += len(new)
-            stream.emit(new)
+            stream.emit(new, sampler.take_logprobs(len(new)) if new else None)
             if output.error:
                 self._sampler.forget(rid)
                 stream.finish("error", RuntimeError(output.error))
@@ -627,7 +674,8 @@ class ContinuousEngine:
                 self.manager.output_router.result_handlers.pop(rid, None)
 
         stream.claimed = True
-        self._sampler.register(rid, stream.params, on_failure=lambda exc: self._fail(rid, stream, on_cancel, exc))
+        sampler = self._sampler.register(rid, stream.params,
+                                         on_failure=lambda exc: self._fail(rid, stream, on_cancel, exc))
         self.manager.register_result_handler(rid, on_output)
         stream.add_cancel_hook(on_cancel)
         self.manager.add_request(
@@ -678,11 +726,13 @@ class _ContinuousSampler:
         self._ids: list[str] = []
 
     def register(self, request_id: str, params: SamplingParams,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None) -> RowSampler:
+        sampler = RowSampler(params)
         with self._lock:
-            self._params[request_id] = RowSampler(params)
+            self._params[request_id] = sampler
             if on_failure is not None:
                 self._on_failure[request_id] = on_failure
+        return sampler
 
     def forget(self, request_id: str) -> None:
         with self._lock:

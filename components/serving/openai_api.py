@@ -109,7 +109,8 @@ class CompletionRequest(_SamplingFields):
         description="A string, a list of strings, or token ids (a list, or a list of lists)")
     echo: bool = Field(False, description="Return the prompt's text before the completion.")
     suffix: Text | None = Field(None, description="Fill-in-the-middle; only for models with FIM tokens.")
-    logprobs: int | None = Field(None, ge=0, le=5, description="Not supported yet: a value is a 400.")
+    logprobs: int | None = Field(None, ge=0, le=5, description="The log-probability of each token and of this "
+                                 "many alternatives (of the model's own distribution, as vLLM reports it).")
     best_of: int | None = Field(None, ge=1, description="Only equal to n (no server-side ranking).")
 
 
@@ -126,8 +127,8 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = Field(False, description="Not supported yet: true is a 400.")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="Not supported yet: a value is a 400.")
+    logprobs: bool = Field(False, description="The log-probability of each token of the answer.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="With logprobs: this many alternatives each.")
     modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
     audio: Any = Field(None, description="Not supported: a value is a 400.")
 
@@ -417,12 +418,12 @@ def _refuse_unsupported(body: _SamplingFields) -> None:
     if isinstance(body, ChatCompletionRequest):
         if body.audio is not None:
             raise InvalidRequest("audio: audio output is not supported by this server", param="audio")
-        if body.logprobs or body.top_logprobs is not None:
-            raise InvalidRequest("logprobs are not supported by this server yet", param="logprobs"
-                                 if body.logprobs else "top_logprobs")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=true", param="top_logprobs")
     if isinstance(body, CompletionRequest):
-        if body.logprobs is not None:
-            raise InvalidRequest("logprobs are not supported by this server yet", param="logprobs")
+        if body.logprobs is not None and body.echo:
+            raise InvalidRequest("echo with logprobs is not supported: the prompt's own logprobs are not computed",
+                                 param="echo")
         if body.best_of is not None and body.best_of != body.n:
             raise InvalidRequest(f"best_of={body.best_of}: server-side ranking of completions is not supported; "
                                  "give best_of equal to n, or leave it out", param="best_of")
@@ -477,6 +478,10 @@ def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int
             param=prompt_param,
         )
     bias = _logit_bias(server, body.logit_bias)
+    if isinstance(body, ChatCompletionRequest):
+        top = (body.top_logprobs or 0) if body.logprobs else None
+    else:
+        top = body.logprobs
     choices, params = [], []
     for ids in prompts:
         for j in range(body.n):
@@ -485,7 +490,7 @@ def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int
             params.append(SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
                                          seed=seed, presence_penalty=body.presence_penalty,
                                          frequency_penalty=body.frequency_penalty, logit_bias=bias,
-                                         ignore_eos=body.ignore_eos))
+                                         ignore_eos=body.ignore_eos, logprobs=top))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echoed = [text for text in echo for _ in range(body.n)] if echo is not None else None
     return _Prepared(choices, params, stop, include_usage, sum(len(p) for p in prompts), echoed)
@@ -601,8 +606,10 @@ class _Generations:
             raise
 
     async def choice_deltas(self, i: int):
-        """(text delta, finish_reason or None) for choice i until it ends."""
+        """(text delta, finish_reason or None, logprob entries of the new tokens) for choice i
+        until it ends (entries only when the request asked for logprobs)."""
         stream, text = self.streams[i], self.assemblers[i]
+        seen = 0  # stream.token_logprobs handed out so far
         async for ids in stream.events():
             if not self._got_token[i]:
                 self._got_token[i] = True
@@ -610,17 +617,20 @@ class _Generations:
                     self.server.metrics.first_token()
             delta = text.add(ids)
             self.completion_tokens[i] = len(text.ids)
+            logprobs = stream.token_logprobs[seen:seen + len(ids)]  # delivered in the tokens' order
+            seen += len(logprobs)
+            entries = list(zip(ids, logprobs))
             if text.stopped:
                 stream.cancel()  # a stop string ended it: stop generating
                 self.finish_reasons[i] = "stop"
-                yield delta, "stop"
+                yield delta, "stop", entries
                 return
-            if delta:
-                yield delta, None
+            if delta or entries:
+                yield delta, None, entries
         if stream.finish_reason == "cancelled":
             raise _Aborted(self.abort_reason or "cancelled")
         self.finish_reasons[i] = "stop" if stream.finish_reason == "stop" else "length"
-        yield text.flush(), self.finish_reasons[i]
+        yield text.flush(), self.finish_reasons[i], []
 
     def close(self) -> None:
         if self._closed:
@@ -656,13 +666,14 @@ async def _watch_disconnect(request: Request, gens: _Generations) -> None:
             return
 
 
-async def _run_to_end(gens: _Generations, request: Request) -> list[tuple[str, str]]:
-    async def one(i: int) -> tuple[str, str]:
-        parts, finish = [], "length"
-        async for delta, reason in gens.choice_deltas(i):
+async def _run_to_end(gens: _Generations, request: Request) -> list[tuple[str, str, list]]:
+    async def one(i: int) -> tuple[str, str, list]:
+        parts, finish, entries = [], "length", []
+        async for delta, reason, new in gens.choice_deltas(i):
             parts.append(delta)
+            entries += new
             finish = reason or finish
-        return "".join(parts), finish
+        return "".join(parts), finish, entries
 
     watcher = asyncio.ensure_future(_watch_disconnect(request, gens))
     try:
@@ -708,10 +719,10 @@ def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_
 
         async def pump(i: int) -> None:
             try:
-                async for delta, finish in gens.choice_deltas(i):
-                    queue.put_nowait((i, delta, finish))
+                async for delta, finish, entries in gens.choice_deltas(i):
+                    queue.put_nowait((i, delta, finish, entries))
             except Exception as exc:  # handed to the consumer below
-                queue.put_nowait((i, exc, None))
+                queue.put_nowait((i, exc, None, None))
 
         tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens.streams))]
         out = [_sse(chunk) for chunk in first_chunks]  # events not yet written
@@ -723,13 +734,13 @@ def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_
                     ready = [await queue.get()]
                     while not queue.empty():
                         ready.append(queue.get_nowait())
-                    for i, delta, finish in ready:
+                    for i, delta, finish, entries in ready:
                         if isinstance(delta, BaseException):
                             raise delta
                         if finish is not None:
                             pending -= 1
-                        if delta or finish:
-                            out.append(_sse(make_chunk(i, delta, finish)))
+                        if delta or finish or entries:
+                            out.append(_sse(make_chunk(i, delta, finish, entries=entries)))
                     if pending:
                         yield "".join(out)
                         out = []
@@ -768,8 +779,8 @@ def _usage(gens: _Generations) -> dict:
                                           "rejected_prediction_tokens": 0}}
 
 
-async def _generate_or_raise(gens: _Generations, request: Request) -> list[tuple[str, str]] | None:
-    """The (text, finish_reason) of every choice; None if the client went away meanwhile."""
+async def _generate_or_raise(gens: _Generations, request: Request) -> list[tuple[str, str, list]] | None:
+    """The (text, finish_reason, logprob entries) of every choice; None if the client went away meanwhile."""
     try:
         return await _run_to_end(gens, request)
     except _Aborted:
@@ -793,11 +804,12 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     gens = _Generations(server, prepared, rid)
     base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
+    logprobs = _CompletionLogprobs(server, body.logprobs, len(gens.streams), echo)
 
     if body.stream:
-        def chunk(i, delta, finish, usage=None):
-            choices = [] if i is None else [{"index": i, "text": delta or "", "logprobs": None,
-                                             "finish_reason": finish}]
+        def chunk(i, delta, finish, usage=None, entries=None):
+            choices = [] if i is None else [{"index": i, "text": delta or "", "finish_reason": finish,
+                                             "logprobs": logprobs.render(i, delta or "", entries)}]
             out = {**base, "choices": choices}
             if prepared.include_usage:
                 out["usage"] = usage
@@ -809,8 +821,9 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     results = await _generate_or_raise(gens, request)
     if results is None:
         return Response(status_code=499)  # client closed the request (nginx's code); nobody reads it
-    choices = [{"index": i, "text": (echo[i] if echo else "") + text, "logprobs": None, "finish_reason": finish}
-               for i, (text, finish) in enumerate(results)]
+    choices = [{"index": i, "text": (echo[i] if echo else "") + text, "finish_reason": finish,
+                "logprobs": logprobs.render(i, text, entries)}
+               for i, (text, finish, entries) in enumerate(results)]
     return JSONResponse({**base, "choices": choices, "usage": _usage(gens)})
 
 
@@ -821,11 +834,13 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     gens = _Generations(server, prepared, rid)
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
+    logprobs = _ChatLogprobs(server) if body.logprobs else None
 
     if body.stream:
-        def chunk(i, delta, finish, usage=None):
+        def chunk(i, delta, finish, usage=None, entries=None):
             choices = [] if i is None else [{"index": i, "delta": {"content": delta} if delta else {},
-                                             "logprobs": None, "finish_reason": finish}]
+                                             "logprobs": logprobs and logprobs.render(entries),
+                                             "finish_reason": finish}]
             out = {**base, "choices": choices}
             if prepared.include_usage:
                 out["usage"] = usage
@@ -840,9 +855,64 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     results = await _generate_or_raise(gens, request)
     if results is None:
         return Response(status_code=499)
-    choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish} for i, (text, finish) in enumerate(results)]
+    choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs and logprobs.render(entries), "finish_reason": finish}
+               for i, (text, finish, entries) in enumerate(results)]
     return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(gens)})
+
+
+class _TokenText:
+    """Token id -> its text, cached (each token's own decode, as OpenAI and vLLM show it)."""
+
+    def __init__(self, server: OpenAIServer):
+        self.tokenizer = server.loaded.tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        text = self._cache.get(token)
+        if text is None:
+            text = self._cache[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return text
+
+
+class _ChatLogprobs:
+    """Chat's `logprobs` object: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
+
+    def __init__(self, server: OpenAIServer):
+        self.text = _TokenText(server)
+
+    def _item(self, token: int, logprob: float) -> dict:
+        text = self.text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def render(self, entries) -> dict | None:
+        if entries is None:
+            return None
+        return {"content": [{**self._item(token, own), "top_logprobs": [self._item(t, lp) for t, lp in top]}
+                            for token, (own, top) in entries], "refusal": None}
+
+
+class _CompletionLogprobs:
+    """The legacy completions `logprobs` object: tokens, token_logprobs, top_logprobs and
+    text_offset (each token's character offset in the choice's text, echoed prompt included)."""
+
+    def __init__(self, server: OpenAIServer, top: int | None, choices: int, echo: list[str] | None):
+        self.top = top
+        self.text = _TokenText(server)
+        self.offsets = [len(echo[i]) if echo else 0 for i in range(choices)]
+
+    def render(self, i: int, delta: str, entries) -> dict | None:
+        if self.top is None:
+            return None
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, (own, top) in entries or []:
+            text = self.text(token)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(own)
+            out["top_logprobs"].append({self.text(t): lp for t, lp in top})
+            out["text_offset"].append(self.offsets[i])
+            self.offsets[i] += len(text)
+        return out
 
 
 # ---------------------------------------------------------------------------------------

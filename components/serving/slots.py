@@ -180,7 +180,7 @@ class _WarmUpSink:
         self.prompt_ids, self.params = ids, SamplingParams(max_new_tokens=steps, temperature=0.0)
         self.cancelled = False
 
-    def emit(self, ids) -> None:
+    def emit(self, ids, logprobs=None) -> None:
         pass
 
     def finish(self, reason, error=None) -> None:
@@ -509,7 +509,7 @@ class SlotEngine:
             else:
                 if row.sampler is not None:
                     row.sampler.observe(token)
-                stream.emit([token])
+                stream.emit([token], row.sampler.take_logprobs() if row.sampler is not None else None)
                 row.generated += 1
                 row.last = token
                 if row.generated >= stream.params.max_new_tokens or row.write_at >= self.max_len:
