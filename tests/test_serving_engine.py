@@ -463,7 +463,7 @@ def test_api_errors_are_openai_shaped(loaded):
 
         async with raw(app) as http:
             cases = [
-                ({"model": "tiny", "prompt": "Hi", "logprobs": 3}, "logprobs"),
+                ({"model": "tiny", "prompt": "Hi", "logprobs": 6}, "logprobs"),
                 ({"prompt": "Hi"}, "model"),
                 ({"model": "tiny", "prompt": 12}, "prompt"),
                 ({"model": "tiny", "prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
