@@ -119,7 +119,9 @@ class TuneloopLLM:
         if SERVING.engine == "slots":
             self.engine = SlotEngine(loaded, SERVING.max_batch_size, SERVING.max_prefill_tokens,
                                      compile=SERVING.compile, on_batch=on_batch,
-                                     decode_attention=SERVING.decode_attention)
+                                     decode_attention=SERVING.decode_attention,
+                                     kv_cache_tokens=SERVING.kv_cache_tokens, kv_cache_gib=SERVING.kv_cache_gib,
+                                     max_model_len=SERVING.max_model_len, compile_mode=SERVING.compile_mode)
         elif SERVING.engine == "continuous":
             self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
                                            on_batch=on_batch)

@@ -227,6 +227,17 @@ class ServingConfig(Section):
     # per step on CPU; compiling takes 10-70 s before the server is ready, cached after;
     # a model it cannot compile is served uncompiled).
     max_prefill_tokens: int = Field(2048, ge=16)
+    # slots engine, the KV cache's size: kv_cache_tokens, else kv_cache_gib, else 20% of the
+    # memory available at start-up. Each slot holds max_model_len tokens (a request's prompt
+    # + max_tokens; default: the context window, shrunk to fit max_batch_size slots in the
+    # budget but not below 2048); the budget decides how many slots (up to max_batch_size).
+    # The server logs the plan at start-up (components/serving/slots.py: plan_kv_cache).
+    # What `compile` compiles: full (the whole forward), regional (one decoder layer's code,
+    # shared by all layers: compile time of one layer), auto (full up to 8 layers, else regional).
+    compile_mode: Literal["auto", "full", "regional"] = "auto"
+    kv_cache_tokens: int | None = Field(None, ge=16)
+    kv_cache_gib: float | None = Field(None, gt=0)
+    max_model_len: int | None = Field(None, ge=16)
     compile: bool = True
     # slots engine, decoding attention. kernel: a C kernel that reads each row's own tokens
     # (components/serving/slot_attention.py; CPU float32 models, built at start-up with the

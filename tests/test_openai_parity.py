@@ -64,12 +64,12 @@ def test_shaping_and_ignore_eos_are_the_same_on_every_engine(loaded):
     assert biased == ([42] * 10, "length")
 
 
-def run_api(loaded, test):
+def run_api(loaded, test, **engine_kw):
     from components.serving.openai_api import create_app
     from components.serving.slots import SlotEngine
 
     async def main():
-        engine = SlotEngine(loaded, num_slots=8)
+        engine = SlotEngine(loaded, **{"num_slots": 8, **engine_kw})
         engine.launch()
         await asyncio.to_thread(engine.ready.wait, 120)
         server = make_server(loaded, engine)
@@ -253,3 +253,19 @@ def test_logprobs_through_the_api(loaded):
         assert plain.choices[0].logprobs is None
 
     run_api(loaded, test)
+
+
+def test_requests_are_bounded_by_the_kv_cache_slot_not_the_model_window(loaded):
+    import openai
+
+    async def test(app, server):
+        client = sdk(app)
+        assert server.context_length == 64 < loaded.context_length
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", prompt="Hello world", max_tokens=63)
+        assert e.value.body["code"] == "context_length_exceeded" and "is 64 tokens" in e.value.body["message"]
+        r = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
+                                            extra_body={"ignore_eos": True})
+        assert r.usage.total_tokens == 64 and r.choices[0].finish_reason == "length"  # no max_tokens: the slot
+
+    run_api(loaded, test, kv_cache_tokens=512, max_model_len=64)

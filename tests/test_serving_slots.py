@@ -31,7 +31,7 @@ def loaded(tmp_path_factory):
 
 
 def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None,
-              decode_attention="kernel"):
+              decode_attention="kernel", **engine_kw):
     """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
 
     stagger_s > 0: requests arrive at random times within it (seeded), so newcomers join
@@ -42,7 +42,8 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
 
     async def main():
         engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
-                            on_batch=sizes.append if sizes is not None else None, decode_attention=decode_attention)
+                            on_batch=sizes.append if sizes is not None else None, decode_attention=decode_attention,
+                            **engine_kw)
         engine.launch()
         await asyncio.to_thread(engine.ready.wait, 600)
         rng = random.Random(0)
@@ -170,6 +171,67 @@ def test_compiled_engine_matches_generate(loaded):
     results = run_slots(loaded, specs, num_slots=4, compile=True, stagger_s=0.2, sizes=sizes)
     assert_greedy_matches(loaded, specs, results)
     assert 2 <= max(sizes) <= 4
+
+
+def test_regional_compile_matches_generate_and_gives_the_model_back(loaded):
+    """serving.compile_mode: regional -- one decoder layer's code compiled, shared by all layers."""
+    import torch
+
+    from components.serving.slots import decoder_layers
+
+    specs = many_specs(loaded, n=8, seed=4)
+    engines: list = []
+    results = run_slots(loaded, specs, num_slots=4, compile=True, compile_mode="regional", engine_out=engines)
+    assert_greedy_matches(loaded, specs, results)
+    assert engines[0].compile_mode == "regional" and engines[0].compiled
+    layers = decoder_layers(loaded.model)
+    assert len(layers) == loaded.model.config.n_layer
+    assert all(layer._compiled_call_impl is None for layer in layers)  # the shared model is plain again
+    assert isinstance(layers[0], torch.nn.Module)
+
+
+def test_compile_mode_auto_compiles_deep_models_regionally():
+    from components.serving.slots import resolve_compile_mode
+
+    assert resolve_compile_mode(True, "auto", 4) == "full"  # the demo model
+    assert resolve_compile_mode(True, "auto", 30) == "regional"  # SmolLM2-135M
+    assert resolve_compile_mode(False, "auto", 30) == "off"
+    assert resolve_compile_mode(True, "full", 30) == "full"
+
+
+def test_the_kv_cache_is_sized_by_its_budget(loaded):
+    """Not slots x the whole window: kv_cache_tokens and max_model_len decide, and requests
+    beyond a slot wait (more requests than slots) or are refused (longer than a slot)."""
+    from components.serving.slots import SlotEngine, SlotEngineError, kv_bytes_per_token, plan_kv_cache
+
+    model, ctx = loaded.model, loaded.context_length  # 2 layers, 4 heads of 16, 256 positions, float32
+    assert kv_bytes_per_token(model) == 2 * 2 * 4 * 16 * 4
+    plan = plan_kv_cache(model, ctx, max_slots=32, kv_cache_tokens=4096)
+    assert (plan.num_slots, plan.slot_len) == (16, 256)  # the budget holds 16 whole-window slots
+    plan = plan_kv_cache(model, ctx, max_slots=32, kv_cache_tokens=4096, max_model_len=64)
+    assert (plan.num_slots, plan.slot_len) == (32, 64)
+    assert plan.tokens == 2048 and "32 slots x 64 tokens" in plan.describe()
+    plan = plan_kv_cache(model, 8192, max_slots=32, kv_cache_tokens=32 * 1024)
+    assert (plan.num_slots, plan.slot_len) == (16, 2048)  # a long window shrinks, not below 2048
+    plan = plan_kv_cache(model, ctx, max_slots=8, kv_cache_gib=2 * 256 * 1024 / 2**30)
+    assert (plan.num_slots, plan.slot_len) == (2, 256)
+    plan = plan_kv_cache(model, ctx, max_slots=32)  # the default: a share of the memory available now
+    assert plan.gib * 2**30 <= 0.2 * 24 * 2**30 and plan.num_slots == 32
+    with pytest.raises(SlotEngineError, match="max_model_len"):
+        plan_kv_cache(model, ctx, max_slots=4, max_model_len=ctx + 1)
+    with pytest.raises(SlotEngineError, match="holds no slot"):
+        plan_kv_cache(model, ctx, max_slots=4, kv_cache_tokens=32, max_model_len=64)
+
+    engines: list = []
+    specs = [(ids[:20], p.__class__(max_new_tokens=min(p.max_new_tokens, 40), temperature=0.0))
+             for ids, p in many_specs(loaded, n=10, seed=5)]
+    sizes: list[int] = []
+    results = run_slots(loaded, specs, num_slots=8, kv_cache_tokens=256, max_model_len=64, engine_out=engines,
+                        sizes=sizes)
+    assert_greedy_matches(loaded, specs, results)
+    engine = engines[0]
+    assert (engine.num_slots, engine.context_length) == (4, 64)
+    assert max(sizes) <= 4 and tuple(engine.cache.kv.shape[2:5:2]) == (4, 64)  # 4 slots of 64 positions
 
 
 def test_a_model_torch_compile_cannot_handle_is_served_uncompiled(loaded, monkeypatch):

@@ -277,6 +277,12 @@ class OpenAIServer:
     def fingerprint(self) -> str:
         return f"tuneloop-{self.backend.engine}"
 
+    @property
+    def context_length(self) -> int:
+        """The longest request (prompt + completion) served: the engine's where it has one
+        (the slots engine's KV cache slots), else the model's context window."""
+        return getattr(self.backend, "context_length", None) or self.loaded.context_length
+
     def count_rejection(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.reject(reason)
@@ -459,7 +465,7 @@ def _prepare(server: OpenAIServer, body: _SamplingFields, prompts: list[list[int
         raise InvalidRequest("stop: at most 4 stop sequences are allowed", param="stop")
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options is only allowed with stream=true", param="stream_options")
-    ctx = server.loaded.context_length
+    ctx = server.context_length
     longest = max(len(p) for p in prompts)
     if max_tokens is not None and server.max_tokens_limit is not None and max_tokens > server.max_tokens_limit:
         raise InvalidRequest(f"{param}={max_tokens} is above this server's limit of {server.max_tokens_limit}",

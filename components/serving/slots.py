@@ -39,6 +39,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from components.serving.engine import (
@@ -51,12 +52,12 @@ from components.serving.engine import (
     row_sampler,
     sample_rows,
 )
-from components.serving.errors import Unavailable
+from components.serving.errors import ServingSetupError, Unavailable
 
 log = logging.getLogger(__name__)
 
 
-class SlotEngineError(RuntimeError):
+class SlotEngineError(ServingSetupError):
     """The model cannot be served by the slots engine (the message says why and what to use)."""
 
 
@@ -170,6 +171,120 @@ def _slot_cache(num_layers: int, num_slots: int, max_len: int):
 
 
 # ---------------------------------------------------------------------------------------
+# how much cache, in how many slots
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    """The slots engine's cache: num_slots slots of slot_len token positions each."""
+
+    num_slots: int
+    slot_len: int  # the longest request (prompt + max_tokens) the engine serves
+    bytes_per_token: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_slots * self.slot_len
+
+    @property
+    def gib(self) -> float:
+        return self.tokens * self.bytes_per_token / 2**30
+
+    def describe(self) -> str:
+        return (f"KV cache: {self.tokens} tokens ({self.gib:.2f} GiB) = {self.num_slots} slots x {self.slot_len} "
+                f"tokens; a request may use up to {self.slot_len} tokens (prompt + max_tokens)")
+
+
+MIN_SLOT_LEN = 2048  # without max_model_len, slots shrink to fit max_batch_size in the budget, not below this
+DEFAULT_KV_FRACTION = 0.2  # of the memory available at start-up, without kv_cache_tokens / kv_cache_gib
+
+
+def kv_bytes_per_token(model) -> int:
+    """Keys + values of one token over every layer, in the model's dtype."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * model.dtype.itemsize
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable (Linux), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def plan_kv_cache(model, context_length: int, max_slots: int, kv_cache_tokens: int | None = None,
+                  kv_cache_gib: float | None = None, max_model_len: int | None = None) -> KVCachePlan:
+    """Size the cache by a budget, not by max_slots x the model's whole context window.
+
+    The budget: kv_cache_tokens, else kv_cache_gib, else DEFAULT_KV_FRACTION of the memory
+    available now. Each slot holds max_model_len tokens when given (at most the context
+    window); otherwise the window, shrunk where the budget cannot give every one of
+    max_slots that much (never below MIN_SLOT_LEN); then as many slots as the budget holds.
+    """
+    per_token = kv_bytes_per_token(model)
+    if kv_cache_tokens is not None:
+        budget, source = kv_cache_tokens, "serving.kv_cache_tokens"
+    elif kv_cache_gib is not None:
+        budget, source = int(kv_cache_gib * 2**30 // per_token), "serving.kv_cache_gib"
+    else:
+        free = available_memory_bytes()
+        budget = int(free * DEFAULT_KV_FRACTION // per_token) if free else max_slots * context_length
+        source = f"{DEFAULT_KV_FRACTION:.0%} of available memory"
+    if max_model_len is not None:
+        if max_model_len > context_length:
+            raise SlotEngineError(f"serving.max_model_len={max_model_len} is above the model's context window "
+                                  f"of {context_length} tokens")
+        slot_len = max_model_len
+    else:
+        slot_len = min(context_length, max(budget // max_slots, min(context_length, MIN_SLOT_LEN)))
+    slots = min(max_slots, budget // slot_len)
+    if slots < 1:
+        if max_model_len is not None or budget < 64:
+            raise SlotEngineError(
+                f"the KV cache budget ({source}: {budget} tokens, {per_token} bytes each) holds no slot of "
+                f"{slot_len} tokens; raise serving.kv_cache_tokens / kv_cache_gib or lower serving.max_model_len")
+        slots, slot_len = 1, budget
+    return KVCachePlan(slots, slot_len, per_token)
+
+
+# ---------------------------------------------------------------------------------------
+# how much to compile
+
+FULL_COMPILE_MAX_LAYERS = 8
+
+
+def resolve_compile_mode(compile: bool, mode: str, num_layers: int) -> str:
+    """off, full or regional. auto: the whole forward for small stacks (the demo model: ~1/3
+    faster per step, 10-70 s of compiling); one decoder layer's code for deeper ones, whose
+    whole-graph compile does not end in reasonable time (SmolLM2-135M's 30 layers: 17+ min
+    in inductor before it was stopped)."""
+    if not compile:
+        return "off"
+    if mode == "auto":
+        return "full" if num_layers <= FULL_COMPILE_MAX_LAYERS else "regional"
+    return mode
+
+
+def decoder_layers(model) -> list:
+    """The model's repeated decoder blocks: its longest nn.ModuleList (Llama's model.layers,
+    GPT-2's transformer.h, ...)."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        raise SlotEngineError(f"{type(model).__name__}: no repeated decoder layers to compile regionally; "
+                              "use serving.compile_mode: full, or serving.compile: false")
+    return list(max(lists, key=len))
+
+
+# ---------------------------------------------------------------------------------------
 # the engine
 
 
@@ -209,7 +324,9 @@ class SlotEngine:
     engine = "slots"
 
     def __init__(self, loaded: LoadedModel, num_slots: int, max_prefill_tokens: int = 2048,
-                 compile: bool = False, on_batch: BatchObserver | None = None, decode_attention: str = "kernel"):
+                 compile: bool = False, on_batch: BatchObserver | None = None, decode_attention: str = "kernel",
+                 kv_cache_tokens: int | None = None, kv_cache_gib: float | None = None,
+                 max_model_len: int | None = None, compile_mode: str = "auto"):
         import torch
 
         config = loaded.model.config
@@ -222,12 +339,16 @@ class SlotEngine:
         self.loaded = loaded
         self.model = loaded.model
         self.device = self.model.device
-        self.num_slots = num_slots
-        self.max_len = loaded.context_length
+        # num_slots is the most slots; the budget may give fewer, each of plan.slot_len tokens
+        self.plan = plan_kv_cache(self.model, loaded.context_length, num_slots, kv_cache_tokens, kv_cache_gib,
+                                  max_model_len)
+        log.info("slots engine: %s", self.plan.describe())
+        self.num_slots = self.plan.num_slots
+        self.max_len = self.plan.slot_len
         self.max_prefill_tokens = max(max_prefill_tokens, self.max_len)
         self.on_batch = on_batch
         self.pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
-        self.cache = _slot_cache(text_config.num_hidden_layers, num_slots, self.max_len)
+        self.cache = _slot_cache(text_config.num_hidden_layers, self.num_slots, self.max_len)
         self.cache.rows = self.cache.rows.to(self.device)
         self._arange = torch.arange(self.max_len, device=self.device)
         self.rows: list[_Row] = []
@@ -245,10 +366,20 @@ class SlotEngine:
         self.decode_attention = decode_attention
         self.kernel = False
         self._replaced_attention: str | None = None  # the model's attention before the kernel's
-        # Compiled apart: the prefill (every prompt width) and the decoding step (mask included).
-        self._forward = torch.compile(self._run_model, dynamic=True) if compile else self._run_model
-        self._decode_forward = torch.compile(self._decode_model, dynamic=True) if compile else self._decode_model
-        self.compiled = compile
+        self._forward, self._decode_forward = self._run_model, self._decode_model
+        self._compiled_layers: list = []
+        self.compile_mode = resolve_compile_mode(compile, compile_mode, text_config.num_hidden_layers)
+        if self.compile_mode == "full":
+            # Compiled apart: the prefill (every prompt width) and the decoding step (mask included).
+            self._forward = torch.compile(self._run_model, dynamic=True)
+            self._decode_forward = torch.compile(self._decode_model, dynamic=True)
+        elif self.compile_mode == "regional":
+            # One decoder layer's code, compiled once and shared by every layer (parameters
+            # are graph inputs): compile time of one layer, not of the whole stack.
+            self._compiled_layers = decoder_layers(self.model)
+            for layer in self._compiled_layers:
+                layer.compile(dynamic=True)
+        self.compiled = self.compile_mode != "off"
 
     # ---- lifecycle --------------------------------------------------------------------
     def launch(self) -> None:
@@ -265,10 +396,22 @@ class SlotEngine:
         if self._replaced_attention is not None and not self.is_running:  # the model is shared: give it back
             self.model.config._attn_implementation = self._replaced_attention
             self._replaced_attention = None
+        if not self.is_running:
+            self._uncompile_layers()
+
+    def _uncompile_layers(self) -> None:
+        for layer in self._compiled_layers:  # nn.Module.compile keeps its compiled call here
+            layer._compiled_call_impl = None
+        self._compiled_layers = []
 
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def context_length(self) -> int:
+        """The longest request served: prompt + max_tokens within one slot."""
+        return self.max_len
 
     def submit(self, stream: GenerationStream) -> None:
         """Queue stream for a slot (any thread; called on the event loop by the API)."""
@@ -314,11 +457,13 @@ class SlotEngine:
             started = time.perf_counter()
             try:
                 self._compile_warm_up()
-                log.info("slots engine: compiled the model forward in %.1f s", time.perf_counter() - started)
+                log.info("slots engine: compiled the model (%s) in %.1f s", self.compile_mode,
+                         time.perf_counter() - started)
             except Exception:  # a model torch.compile cannot handle is still served, uncompiled
                 log.exception("slots engine: torch.compile failed; serving the model uncompiled")
                 self._forward, self._decode_forward = self._run_model, self._decode_model
-                self.compiled, self.rows = False, []
+                self._uncompile_layers()
+                self.compiled, self.compile_mode, self.rows = False, "off", []
         self.ready.set()
 
     def _loop(self) -> None:
