@@ -718,18 +718,22 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
     candidates = []
     with ExitStack() as stack:
         if "slots" in args.inprocess_modes:
-            loaded = load_model(model_dir, args.num_threads)
+            loaded = load_model(model_dir, args.num_threads, serving.dtype)
             candidates.append(fed(lambda: SlotEngine(loaded, serving.max_batch_size, serving.max_prefill_tokens,
                                                      compile=serving.compile,
-                                                     decode_attention=serving.decode_attention),
+                                                     decode_attention=serving.decode_attention,
+                                                     kv_cache_tokens=serving.kv_cache_tokens,
+                                                     kv_cache_gib=serving.kv_cache_gib,
+                                                     max_model_len=serving.max_model_len,
+                                                     compile_mode=serving.compile_mode),
                                   "slots", stack, per_round=False))
         if "continuous" in args.inprocess_modes:
-            loaded_c = load_model(model_dir, args.num_threads)
+            loaded_c = load_model(model_dir, args.num_threads, serving.dtype)
             candidates.append(fed(lambda: ContinuousEngine(loaded_c, serving.num_blocks, serving.page_size,
                                                            serving.max_batch_tokens),
                                   "continuous", stack, per_round=True))
         if "static" in args.inprocess_modes:
-            candidates.append(offline(BatchGenerator(load_model(model_dir, args.num_threads))))
+            candidates.append(offline(BatchGenerator(load_model(model_dir, args.num_threads, serving.dtype))))
         freeze_heap()  # as the server does after its warm-up
         yield candidates
 
@@ -810,6 +814,12 @@ def main() -> None:
     serving = ServingConfig(**{**load_config(None).serving.model_dump(), **args.serving})
 
     model_dir = resolve_model(args)
+    if serving.dtype == "auto":  # chosen once, so that every system serves the same dtype
+        from components.serving.engine import choose_cpu_dtype, load_model
+
+        dtype, why = choose_cpu_dtype(load_model(model_dir, args.num_threads).model)
+        args.serving["dtype"] = serving.dtype = str(dtype).removeprefix("torch.")
+        print(f"serving dtype for every system: {why}", flush=True)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -104,7 +104,7 @@ class TuneloopLLM:
         from components.serving.slots import SlotEngine
 
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
-        loaded = load_model(model_dir, SERVING.num_threads)
+        loaded = load_model(model_dir, SERVING.num_threads, SERVING.dtype)
         served = served_model(SERVING)
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.

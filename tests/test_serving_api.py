@@ -51,6 +51,7 @@ def serve(model_dir: Path, tmp: Path, engine: str, **serving):
         "TUNELOOP_SERVE_MODEL_VERSION": "7",
         "TUNELOOP__SERVING__ALIASES": "[tiny-chat@champion]",
         "TUNELOOP__SERVING__NUM_THREADS": "1",  # the machine has 2 shared cores; leave one to the clients
+        "TUNELOOP__SERVING__DTYPE": "float32",  # answers are compared with float32 `generate`
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in serving.items()},
     }
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",

@@ -342,3 +342,27 @@ def test_slot_cache_is_zeroed_and_on_huge_pages_where_linux_grants_them():
                 huge_kb = int(line.split()[1])
                 break
     assert huge_kb >= 8192, f"only {huge_kb} kB of the 8 MiB cache is on huge pages"
+
+
+def test_serving_dtype_float32_bfloat16_and_auto(tmp_path):
+    """serving.dtype: bfloat16 weights and KV cache serve (the float32-only C kernel steps
+    aside for sdpa); auto measures both where the CPU has AVX-512 BF16 / AMX."""
+    import torch
+
+    from components.serving.engine import SamplingParams, choose_cpu_dtype, cpu_has_bf16, load_model
+
+    folder = build_tiny_model(tmp_path / "tiny")
+    fp32 = load_model(folder, num_threads=1)
+    assert choose_cpu_dtype(fp32.model, "float32") == (torch.float32, "float32")
+    assert choose_cpu_dtype(fp32.model, "bfloat16")[0] == torch.bfloat16
+    dtype, why = choose_cpu_dtype(fp32.model, "auto")
+    assert ("measured" in why) == cpu_has_bf16() and dtype in (torch.float32, torch.bfloat16)
+    assert fp32.model.dtype == torch.float32  # measuring converted a copy, not the model
+
+    bf16 = load_model(folder, num_threads=1, dtype="bfloat16")
+    assert bf16.model.dtype == torch.bfloat16
+    ids = bf16.tokenizer(PROMPTS[1])["input_ids"]
+    engines: list = []
+    [(got, _)] = run_slots(bf16, [(ids, SamplingParams(max_new_tokens=12, temperature=0.0))], engine_out=engines)
+    assert got == reference(bf16, ids, 12)
+    assert engines[0].kernel is False and engines[0].cache.kv.dtype == torch.bfloat16
