@@ -269,3 +269,54 @@ def test_requests_are_bounded_by_the_kv_cache_slot_not_the_model_window(loaded):
         assert r.usage.total_tokens == 64 and r.choices[0].finish_reason == "length"  # no max_tokens: the slot
 
     run_api(loaded, test, kv_cache_tokens=512, max_model_len=64)
+
+
+def test_responses_validate_against_openais_published_schemas(loaded):
+    """Every response shape above, checked with jsonschema against the response objects of
+    OpenAI's OpenAPI spec (restated in tests/schemas/openai_responses.json): stricter than
+    the SDK, whose models accept missing fields."""
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    spec = json.loads((Path(__file__).parent / "schemas" / "openai_responses.json").read_text())
+
+    def check(name: str, body: dict) -> None:
+        jsonschema.validate(body, {**spec, "$ref": f"#/$defs/{name}"})
+
+    def events(text: str) -> list[dict]:
+        out = [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+        assert out[-1] == "[DONE]"
+        return [json.loads(e) for e in out[:-1]]
+
+    async def test(app, server):
+        checked = 0
+        async with raw(app) as http:
+            messages = [{"role": "user", "content": "Hi"}]
+            for extra in ({}, {"logprobs": 3}, {"echo": True, "n": 2}, {"prompt": ["a", "b"], "stop": ["x"]}):
+                body = {"model": "tiny", "prompt": "Hello", "max_tokens": 5, **extra}
+                r = await http.post("/v1/completions", json=body)
+                check("CreateCompletionResponse", r.json())
+                r = await http.post("/v1/completions", json={**body, "stream": True,
+                                                              "stream_options": {"include_usage": True}})
+                for chunk in events(r.text):
+                    check("CompletionStreamChunk", chunk)
+                    checked += 1
+            for extra in ({}, {"logprobs": True, "top_logprobs": 2}, {"n": 2, "temperature": 0.5, "seed": 1}):
+                body = {"model": "tiny", "messages": messages, "max_tokens": 5, **extra}
+                r = await http.post("/v1/chat/completions", json=body)
+                check("CreateChatCompletionResponse", r.json())
+                r = await http.post("/v1/chat/completions", json={**body, "stream": True,
+                                                                   "stream_options": {"include_usage": True}})
+                for chunk in events(r.text):
+                    check("CreateChatCompletionStreamResponse", chunk)
+                    checked += 1
+            for body in ({"model": "nope", "prompt": "x"}, {"model": "tiny", "prompt": "x", "n": 0},
+                         {"model": "tiny", "prompt": "x", "tools": [{"type": "function"}]}):
+                r = await http.post("/v1/completions", json=body)
+                assert r.status_code in (400, 404)
+                check("Error", r.json())
+        assert checked > 20
+
+    run_api(loaded, test)

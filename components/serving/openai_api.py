@@ -174,6 +174,7 @@ class Completion(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    refusal: None = None
 
 
 class ChatChoice(BaseModel):
@@ -861,7 +862,7 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     results = await _generate_or_raise(gens, request)
     if results is None:
         return Response(status_code=499)
-    choices = [{"index": i, "message": {"role": "assistant", "content": text},
+    choices = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
                 "logprobs": logprobs and logprobs.render(entries), "finish_reason": finish}
                for i, (text, finish, entries) in enumerate(results)]
     return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(gens)})
