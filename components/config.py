@@ -233,7 +233,8 @@ class ServingConfig(Section):
     # budget but not below 2048); the budget decides how many slots (up to max_batch_size).
     # The server logs the plan at start-up (components/serving/slots.py: plan_kv_cache).
     # What `compile` compiles: full (the whole forward), regional (one decoder layer's code,
-    # shared by all layers: compile time of one layer), auto (full up to 8 layers, else regional).
+    # shared by all layers: compile time of one layer), auto (full up to 8 layers, else
+    # nothing: deep models compile for too long whole, and regionally ran slower here).
     compile_mode: Literal["auto", "full", "regional"] = "auto"
     kv_cache_tokens: int | None = Field(None, ge=16)
     kv_cache_gib: float | None = Field(None, gt=0)
