@@ -1,4 +1,5 @@
-# Two entry points (see README): `make demo` and `make test`. Both install first.
+# Two entry points (see README): `make demo` and `make test`. Both install first
+# (`make test` also builds vLLM's own venv, .venv-vllm, for the vllm engine's tests).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -23,7 +24,8 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/tuneloop demo
 
-test: install
+# The suite includes serving.engine: vllm against a real vLLM, so it builds vLLM's venv too.
+test: install vllm-venv
 	$(BIN)/python -m pytest
 
 test-fast: install

@@ -10,7 +10,7 @@ configs/default.yaml), section `serving`
     TUNELOOP_SERVE_MODEL_DIR       Hugging Face model folder to serve
     TUNELOOP_SERVE_MODEL_NAME      registered name      } /v1/models id = "<name>:<version>";
     TUNELOOP_SERVE_MODEL_VERSION   registered version   } requests may also use <name>
-    TUNELOOP_SERVE_ENGINE          adaptive | continuous | slots
+    TUNELOOP_SERVE_ENGINE          adaptive | continuous | slots | vllm
     TUNELOOP__SERVING__<KEY>       any other serving key, e.g. TUNELOOP__SERVING__ALIASES='[tuneloop-chat@champion]'
 
 Packaging seam: a bento must carry its model. The packaging step (components/packaging.py)
@@ -104,7 +104,12 @@ class TuneloopLLM:
         from components.serving.slots import SlotEngine
 
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
-        loaded = load_model(model_dir, SERVING.num_threads, SERVING.dtype)
+        if SERVING.engine == "vllm":  # the weights live in vLLM's process; this one needs the tokenizer
+            from components.serving.engine import load_tokenizer
+
+            loaded = load_tokenizer(model_dir)
+        else:
+            loaded = load_model(model_dir, SERVING.num_threads, SERVING.dtype)
         served = served_model(SERVING)
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.
@@ -122,6 +127,14 @@ class TuneloopLLM:
                                      decode_attention=SERVING.decode_attention,
                                      kv_cache_tokens=SERVING.kv_cache_tokens, kv_cache_gib=SERVING.kv_cache_gib,
                                      max_model_len=SERVING.max_model_len, compile_mode=SERVING.compile_mode)
+        elif SERVING.engine == "vllm":
+            from components.serving.vllm_engine import VLLMEngine, vllm_dtype
+
+            logs = CONFIG.home / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            self.engine = VLLMEngine(loaded, SERVING.vllm_python, dtype=vllm_dtype(SERVING.dtype),
+                                     max_model_len=SERVING.max_model_len, kv_cache_gib=SERVING.kv_cache_gib,
+                                     extra_args=SERVING.vllm_args, log_path=logs / f"vllm-{os.getpid()}.log")
         elif SERVING.engine == "continuous":
             self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
                                            on_batch=on_batch)
@@ -160,6 +173,12 @@ class TuneloopLLM:
                 while getattr(self, "__self_proxy__", None) is None:
                     await asyncio.sleep(0.05)
                 _pass_internal_routes(self.__self_proxy__.to_async)
+            engine_ready = getattr(self.engine, "ready", None)  # slots: compiled; vllm: its server up
+            if engine_ready is not None:
+                await asyncio.to_thread(engine_ready.wait)
+                if not self.engine.is_running:
+                    raise RuntimeError(f"the {SERVING.engine} engine did not start: "
+                                       f"{getattr(self.engine, 'failed', None) or 'see the log'}")
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s: ready", seconds)
         except Exception:

@@ -202,7 +202,11 @@ class ServingConfig(Section):
     # batches). continuous: transformers' continuous batching (requests join and leave the
     # running batch every step). slots: iteration-level batching like continuous, over a
     # preallocated KV-cache slot per request (components/serving/slots.py); the fastest here.
-    engine: Literal["adaptive", "continuous", "slots"] = "slots"
+    # vllm: vLLM's OpenAI server as the engine process behind tuneloop's routes
+    # (components/serving/vllm_engine.py); its Python from vllm_python (`make vllm-venv`).
+    engine: Literal["adaptive", "continuous", "slots", "vllm"] = "slots"
+    vllm_python: Path = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    vllm_args: list[str] = []  # more arguments for vLLM's server, e.g. [--enforce-eager]
     # The model folder served. None: the base model (model.base_model). A packaged bento
     # sets bento_model instead (a BentoML model tag); it wins over model_dir.
     model_dir: Path | None = None

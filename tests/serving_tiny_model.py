@@ -26,8 +26,11 @@ _TEXT = [
 ] * 20
 
 
-def build_tiny_model(folder: Path, context_length: int = 256, seed: int = 0) -> Path:
-    """Save a random-weight 2-layer GPT-2 and its tokenizer to folder; return folder."""
+def build_tiny_model(folder: Path, context_length: int = 256, seed: int = 0, heads: int = 4) -> Path:
+    """Save a random-weight 2-layer GPT-2 and its tokenizer to folder; return folder.
+
+    heads: attention heads over 64 dimensions (vLLM's CPU attention needs a head size of
+    32 or more: heads=1 or 2)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -56,7 +59,7 @@ def build_tiny_model(folder: Path, context_length: int = 256, seed: int = 0) -> 
         n_positions=context_length,
         n_embd=64,
         n_layer=2,
-        n_head=4,
+        n_head=heads,
         # Wider than GPT-2's 0.02 so greedy text varies from token to token (a sharper test).
         initializer_range=0.2,
         bos_token_id=tokenizer.bos_token_id,

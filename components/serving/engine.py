@@ -240,6 +240,11 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         """Token ids a request may name (logit_bias, token prompts): the model's output rows."""
+        if self.model is None:  # served by another process (the vllm engine): the config says
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(self.path)
+            return int(getattr(config.get_text_config(), "vocab_size", None) or len(self.tokenizer))
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     def encode(self, text: str) -> list[int]:
@@ -254,6 +259,43 @@ class LoadedModel:
         if backend is not None:
             return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def load_tokenizer(model_dir: Path | str) -> LoadedModel:
+    """A LoadedModel without weights, for an engine that runs the model in another process
+    (vllm): the tokenizer, stop tokens and context window, all the API needs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        from components.serving.errors import ServingSetupError
+
+        raise ServingSetupError(f"{path}: not a Hugging Face model folder (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path)
+    from transformers import GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:
+        generation = GenerationConfig.from_model_config(config)
+    return _loaded(None, tokenizer, generation, config, path)
+
+
+def _loaded(model, tokenizer, generation_config, config, path: Path) -> LoadedModel:
+    """Stop tokens and context window, the same for a loaded model and a tokenizer alone."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    stop_ids = set()
+    eos = getattr(generation_config, "eos_token_id", None)
+    stop_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        stop_ids.add(tokenizer.eos_token_id)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        stop_ids.add(im_end)
+    context = getattr(config, "max_position_embeddings", None) or tokenizer.model_max_length
+    return LoadedModel(model, tokenizer, frozenset(stop_ids), int(context), path)
 
 
 def cpu_has_bf16() -> bool:
@@ -335,18 +377,7 @@ def load_model(model_dir: Path | str, num_threads: int | None = None, dtype: str
         log.info("serving dtype: %s", why)
         if chosen != model.dtype:
             model = model.to(chosen)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    stop_ids = set()
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    stop_ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    if tokenizer.eos_token_id is not None:
-        stop_ids.add(tokenizer.eos_token_id)
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        stop_ids.add(im_end)
-    context = getattr(model.config, "max_position_embeddings", None) or tokenizer.model_max_length
-    return LoadedModel(model, tokenizer, frozenset(stop_ids), int(context), path)
+    return _loaded(model, tokenizer, model.generation_config, model.config, path)
 
 
 # ---------------------------------------------------------------------------------------
