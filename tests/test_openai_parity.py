@@ -293,25 +293,21 @@ def test_responses_validate_against_openais_published_schemas(loaded):
     async def test(app, server):
         checked = 0
         async with raw(app) as http:
-            messages = [{"role": "user", "content": "Hi"}]
+            async def both(route: str, body: dict, whole: str, chunk: str) -> None:
+                nonlocal checked
+                check(whole, (await http.post(route, json=body)).json())
+                r = await http.post(route, json={**body, "stream": True, "stream_options": {"include_usage": True}})
+                for event in events(r.text):
+                    check(chunk, event)
+                    checked += 1
+
             for extra in ({}, {"logprobs": 3}, {"echo": True, "n": 2}, {"prompt": ["a", "b"], "stop": ["x"]}):
-                body = {"model": "tiny", "prompt": "Hello", "max_tokens": 5, **extra}
-                r = await http.post("/v1/completions", json=body)
-                check("CreateCompletionResponse", r.json())
-                r = await http.post("/v1/completions", json={**body, "stream": True,
-                                                              "stream_options": {"include_usage": True}})
-                for chunk in events(r.text):
-                    check("CompletionStreamChunk", chunk)
-                    checked += 1
+                await both("/v1/completions", {"model": "tiny", "prompt": "Hello", "max_tokens": 5, **extra},
+                           "CreateCompletionResponse", "CompletionStreamChunk")
+            messages = [{"role": "user", "content": "Hi"}]
             for extra in ({}, {"logprobs": True, "top_logprobs": 2}, {"n": 2, "temperature": 0.5, "seed": 1}):
-                body = {"model": "tiny", "messages": messages, "max_tokens": 5, **extra}
-                r = await http.post("/v1/chat/completions", json=body)
-                check("CreateChatCompletionResponse", r.json())
-                r = await http.post("/v1/chat/completions", json={**body, "stream": True,
-                                                                   "stream_options": {"include_usage": True}})
-                for chunk in events(r.text):
-                    check("CreateChatCompletionStreamResponse", chunk)
-                    checked += 1
+                await both("/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 5, **extra},
+                           "CreateChatCompletionResponse", "CreateChatCompletionStreamResponse")
             for body in ({"model": "nope", "prompt": "x"}, {"model": "tiny", "prompt": "x", "n": 0},
                          {"model": "tiny", "prompt": "x", "tools": [{"type": "function"}]}):
                 r = await http.post("/v1/completions", json=body)

@@ -203,7 +203,7 @@ def test_compile_mode_auto_compiles_only_small_stacks_whole():
 def test_the_kv_cache_is_sized_by_its_budget(loaded):
     """Not slots x the whole window: kv_cache_tokens and max_model_len decide, and requests
     beyond a slot wait (more requests than slots) or are refused (longer than a slot)."""
-    from components.serving.slots import SlotEngine, SlotEngineError, kv_bytes_per_token, plan_kv_cache
+    from components.serving.slots import SlotEngineError, kv_bytes_per_token, plan_kv_cache
 
     model, ctx = loaded.model, loaded.context_length  # 2 layers, 4 heads of 16, 256 positions, float32
     assert kv_bytes_per_token(model) == 2 * 2 * 4 * 16 * 4

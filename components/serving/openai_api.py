@@ -42,7 +42,6 @@ from components.serving.errors import (
     ServingError,
     Unavailable,
     error_for_status,
-    openai_error_body,
 )
 
 log = logging.getLogger(__name__)

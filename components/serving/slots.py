@@ -40,7 +40,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from components.serving.engine import (
     BatchObserver,
