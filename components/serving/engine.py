@@ -30,6 +30,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -237,7 +238,7 @@ class LoadedModel:
     context_length: int
     path: Path
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
         """Token ids a request may name (logit_bias, token prompts): the model's output rows."""
         if self.model is None:  # served by another process (the vllm engine): the config says
