@@ -437,6 +437,7 @@ class SlotEngine:
             ending = Unavailable(f"the generation engine died ({type(exc).__name__}: {exc}); the server is "
                                  "not ready", retry_after_s=1)
         finally:
+            self.ready.set()  # start-up is over either way: whoever waits reads is_running
             with self._wake:
                 self._closed = True
                 streams = [row.stream for row in self.rows] + list(self._inbox)
