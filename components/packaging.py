@@ -58,7 +58,7 @@ from typing import Any, Callable
 import yaml
 
 from components.config import REPO_ROOT, TuneloopConfig
-from components.ports import free_port
+from components.ports import free_port, stop_process_group
 
 log = logging.getLogger(__name__)
 
@@ -417,20 +417,6 @@ def serve_command(cfg: TuneloopConfig, bento_tag: str, host: str = "127.0.0.1", 
     return ServeCommand(argv, _subprocess_env(cfg), cfg.home, f"bento {bento_tag}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the server and every process it started (its own process group)."""
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _tail(path: Path, chars: int = 4000) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
@@ -560,7 +546,7 @@ def check_server(command: ServeCommand, port: int, log_path: Path, timeout: floa
         return result(True, f"ready after {ready} s; {model} answered a completion and a chat completion",
                       seconds_to_ready=ready, completion=completion, chat=chat)
     finally:
-        _stop(proc)
+        stop_process_group(proc)
 
 
 @dataclass
@@ -621,7 +607,7 @@ def run_server(command: ServeCommand, host: str, port: int, out=None) -> ServeOu
                 break
     finally:
         if failure is not None or proc.poll() is None:  # failed, or we are leaving early
-            _stop(proc)
+            stop_process_group(proc)
         proc.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -34,6 +34,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from components.serving.errors import ServingSetupError, Unavailable
+
 log = logging.getLogger(__name__)
 
 BatchObserver = Callable[[int], None]  # called with the batch size of every batch / step
@@ -265,22 +267,23 @@ class LoadedModel:
 def load_tokenizer(model_dir: Path | str) -> LoadedModel:
     """A LoadedModel without weights, for an engine that runs the model in another process
     (vllm): the tokenizer, stop tokens and context window, all the API needs."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    path = Path(model_dir)
-    if not (path / "config.json").exists():
-        from components.serving.errors import ServingSetupError
-
-        raise ServingSetupError(f"{path}: not a Hugging Face model folder (no config.json)")
+    path = _model_folder(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
     config = AutoConfig.from_pretrained(path)
-    from transformers import GenerationConfig
-
     try:
         generation = GenerationConfig.from_pretrained(path)
     except OSError:
         generation = GenerationConfig.from_model_config(config)
     return _loaded(None, tokenizer, generation, config, path)
+
+
+def _model_folder(model_dir: Path | str) -> Path:
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        raise ServingSetupError(f"{path}: not a Hugging Face model folder (no config.json)")
+    return path
 
 
 def _loaded(model, tokenizer, generation_config, config, path: Path) -> LoadedModel:
@@ -357,18 +360,12 @@ def load_model(model_dir: Path | str, num_threads: int | None = None, dtype: str
 
     if num_threads:
         torch.set_num_threads(num_threads)
-    path = Path(model_dir)
-    if not (path / "config.json").exists():
-        from components.serving.errors import ServingSetupError
-
-        raise ServingSetupError(f"{path}: not a Hugging Face model folder (no config.json)")
+    path = _model_folder(model_dir)
     try:
         # transformers 5 does not persist padding_side: batched generate needs left padding.
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
     except Exception as exc:  # one line that says what and where; the traceback stays in the log
-        from components.serving.errors import ServingSetupError
-
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ServingSetupError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from exc
     if torch.cuda.is_available():  # GPU hosts (the CUDA bento): bf16 where the card has it
@@ -413,9 +410,14 @@ class RowSampler:
         """Whether sample_rows has anything to do for this row (else its logits stay as they are)."""
         return not self.params.greedy or self.params.shapes_logits or self.params.logprobs is not None
 
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether its penalties need the counts of the tokens it generates."""
+        return bool(self.params.presence_penalty or self.params.frequency_penalty)
+
     def observe(self, token: int) -> None:
         """Record a token this generation produced (what the penalties count)."""
-        if self.params.presence_penalty or self.params.frequency_penalty:
+        if self.counts_tokens:
             self.counts[token] = self.counts.get(token, 0) + 1
 
     def take_logprobs(self, n: int = 1) -> list[TokenLogprobs]:
@@ -731,8 +733,6 @@ class ContinuousEngine:
     def submit(self, stream: GenerationStream) -> None:
         """Start generating for stream (call on its event loop)."""
         if not self.manager.is_running():
-            from components.serving.errors import Unavailable
-
             raise Unavailable("the generation engine is not running; the server is not ready", retry_after_s=1)
         rid = stream.request_id
         stop_ids = self.loaded.stop_ids
@@ -848,7 +848,7 @@ class _ContinuousSampler:
             if on_failure is not None:
                 on_failure(exc)
         counting = [i for i, r in enumerate(self._rows) if i not in failures and r is not None
-                    and (r.params.presence_penalty or r.params.frequency_penalty)]
+                    and r.counts_tokens]
         if counting:  # the manager's argmax will pick exactly these (the scores are shaped / one-hot)
             for i, token in zip(counting, scores[counting].argmax(dim=-1).tolist()):
                 self._rows[i].observe(token)

@@ -22,14 +22,13 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from components.ports import free_port
+from components.ports import free_port, stop_process_group
 from components.serving.engine import GenerationStream, LoadedModel
 from components.serving.errors import InternalError, InvalidRequest, ServingSetupError, Unavailable
 
@@ -79,6 +78,7 @@ class VLLMEngine:
         self._proc: subprocess.Popen | None = None
         self._client = None  # httpx.AsyncClient, made on the event loop that submits
         self._streams: dict[str, GenerationStream] = {}  # running, for a dead child to fail them
+        self._stopping = False  # stop() was called: the child's exit is expected
 
     # ---- lifecycle --------------------------------------------------------------------
     def command(self) -> list[str]:
@@ -116,7 +116,7 @@ class VLLMEngine:
             except OSError:
                 time.sleep(0.5)
         code = self._proc.wait()
-        if code is not None and not getattr(self, "_stopping", False):
+        if not self._stopping:
             self._died(f"vLLM exited with code {code}{self._log_hint()}")
 
     def _log_hint(self) -> str:
@@ -132,18 +132,8 @@ class VLLMEngine:
 
     def stop(self, timeout: float = 20.0) -> None:
         self._stopping = True
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(timeout=wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        if self._proc is not None and self._proc.poll() is None:
+            stop_process_group(self._proc, term_wait=timeout, kill_wait=5)
 
     @property
     def is_running(self) -> bool:
