@@ -114,6 +114,12 @@ class TuneloopLLM:
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.
         self.metrics = ServingMetrics(model=served.id, engine=SERVING.engine)
+        # The interface layer (auth, limits, cache, PII, content filter) in front of every /v1
+        # route, in this process; set before the server so no /v1 request ever passes without it.
+        from components.gateway.pipeline import Gateway, GatewayMetrics
+
+        self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
+        app.state.gateway = self.gateway
         self.server: OpenAIServer | None = None
 
         def on_batch(size: int) -> None:
@@ -189,9 +195,10 @@ class TuneloopLLM:
         return self.server is not None and self.server.ready and engine_alive
 
     @bentoml.on_shutdown
-    def _stop(self) -> None:
+    async def _stop(self) -> None:
         if self.engine is not None:
-            self.engine.stop()
+            await asyncio.to_thread(self.engine.stop)
+        await self.gateway.close()
 
     if SERVING.engine == "adaptive":  # the other engines have no batch route at all
         @bentoml.api(

@@ -28,6 +28,8 @@ app = typer.Typer(
 )
 registry_app = typer.Typer(help="MLflow registry: promotion history and rollback.", no_args_is_help=True)
 app.add_typer(registry_app, name="registry")
+keys_app = typer.Typer(help="API keys of the gateway: create (shown once), list, revoke.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (file:line: reason)
@@ -269,6 +271,81 @@ def registry_rollback(
     except RegistryError as exc:
         _fail(str(exc), code=1)
     console.print(f"[green]rolled back:[/] champion is now version {result.version} (was {result.previous})")
+
+
+def _key_store(cfg):
+    from components.gateway.keys import KeyStore, load_pepper
+    from components.gateway.pipeline import key_store_url
+
+    g = cfg.gateway
+    pepper = load_pepper(cfg.resolve(g.pepper_file) if g.pepper_file else cfg.home / "gateway" / "pepper")
+    return KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
+
+
+def _key_row(k) -> dict:
+    return {"id": k.id, "name": k.name, "tier": k.tier, "team": k.team, "status": k.status(),
+            "created_at": k.created_at.isoformat(timespec="seconds"),
+            "expires_at": k.expires_at.isoformat(timespec="seconds") if k.expires_at else None,
+            "requests_per_minute": k.requests_per_minute, "tokens_per_minute": k.tokens_per_minute}
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str = typer.Option(..., "--name", help="Who or what the key is for."),
+    tier: str = typer.Option("free", "--tier", help="A tier of gateway.tiers (free, paid, enterprise by default)."),
+    expires: Optional[str] = typer.Option(None, "--expires", help="A duration (30m, 12h, 90d, 4w) or an ISO date."),
+    team: Optional[str] = typer.Option(None, "--team", help="Keys of one team share cached answers "
+                                                           "(with gateway.cache.scope: team)."),
+    rpm: Optional[int] = typer.Option(None, "--rpm", help="Override the tier's requests per minute."),
+    tpm: Optional[int] = typer.Option(None, "--tpm", help="Override the tier's tokens per minute."),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Optional[Path] = ConfigOption,
+):
+    """Create a key. The key is printed once and stored only as a peppered hash."""
+    from components.gateway.keys import KeyStoreError, parse_expiry
+
+    cfg = _load(config)
+    try:
+        record, secret = _key_store(cfg).create(name, tier, parse_expiry(expires), team, rpm, tpm)
+    except KeyStoreError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps({**_key_row(record), "key": secret}))
+        return
+    console.print(f"created key {record.id} ({record.name}, tier {record.tier}"
+                  f"{', expires ' + record.expires_at.isoformat(timespec='seconds') if record.expires_at else ''})")
+    console.print("the key (shown once, not stored; keep it secret):")
+    print(secret)
+
+
+@keys_app.command("list")
+def keys_list(config: Optional[Path] = ConfigOption, as_json: bool = typer.Option(False, "--json")):
+    """Every key's id, name, tier and status (never the keys themselves)."""
+    from rich.table import Table
+
+    rows = [_key_row(k) for k in _key_store(_load(config)).list()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="API keys")
+    for col in ("id", "name", "tier", "team", "status", "created_at", "expires_at"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(str(r[c] or "-") for c in ("id", "name", "tier", "team", "status", "created_at", "expires_at")))
+    console.print(table if rows else "no keys yet: tuneloop keys create --name NAME --tier free")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str = typer.Argument(..., help="The key's id (tuneloop keys list)."),
+                config: Optional[Path] = ConfigOption):
+    """Revoke a key: refused from the next request on, on every replica."""
+    from components.gateway.keys import KeyStoreError
+
+    try:
+        record = _key_store(_load(config)).revoke(key_id)
+    except KeyStoreError as exc:
+        _fail(str(exc), code=1)
+    console.print(f"revoked key {record.id} ({record.name})")
 
 
 @app.command()

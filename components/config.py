@@ -60,10 +60,6 @@ class BentoConfig(Section):
     validation_timeout_s: float = Field(240.0, gt=0)
 
 
-class CacheConfig(Section):
-    redis_url: str | None = None  # None: in-process cache
-
-
 class DataConfig(Section):
     train_path: Path = Path("data/sample/train.jsonl")
     eval_path: Path | None = None  # None: split eval_fraction off train_path
@@ -195,6 +191,133 @@ class BlessingConfig(Section):
     thresholds: list[MetricThreshold] = []
 
 
+class TierLimits(Section):
+    """Per-minute budgets of one tier (or one key's override): both are enforced together."""
+
+    requests_per_minute: int = Field(ge=1)
+    tokens_per_minute: int = Field(ge=1)
+
+
+def _default_tiers() -> dict[str, TierLimits]:
+    return {
+        "free": TierLimits(requests_per_minute=3, tokens_per_minute=40_000),
+        "paid": TierLimits(requests_per_minute=3_500, tokens_per_minute=2_000_000),
+        "enterprise": TierLimits(requests_per_minute=30_000, tokens_per_minute=30_000_000),
+    }
+
+
+class ResultCacheConfig(Section):
+    """Deterministic answers (temperature 0 or a fixed seed) replayed per tenant and model version."""
+
+    enabled: bool = True
+    ttl_s: float = Field(600.0, gt=0)
+    max_entries: int = Field(10_000, ge=1)  # the in-process LRU (no Redis URL); Redis uses its own memory policy
+    # Whose answers may be shared: key (each API key on its own) or team (keys created with the same --team).
+    scope: Literal["key", "team"] = "key"
+
+
+class PiiConfig(Section):
+    """Presidio over prompts (before the model), outputs (streams included) and logs."""
+
+    # prompts: redact (replace each entity with <TYPE>), block (400 pii_detected), off
+    mode: Literal["redact", "block", "off"] = "redact"
+    outputs: Literal["redact", "off"] = "redact"
+    score_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    # None: every recognizer the offline analyzer has (pattern, checksum and secret recognizers)
+    entities: list[str] | None = None
+    # Analysis that errors or takes longer than this refuses the request (fails closed).
+    timeout_s: float = Field(2.0, gt=0)
+    # Streams: characters held back so an entity split across chunks is redacted whole;
+    # at least the longest entity that must not leak in parts (words longer than this are
+    # held until they end, whatever their length).
+    holdback_chars: int = Field(64, ge=8)
+    # A blank spaCy pipeline on disk (tokenizer only, no model download). None: made once
+    # under <home>/gateway/spacy-blank-en.
+    spacy_model_dir: Path | None = None
+
+
+class FilterRule(Section):
+    id: str
+    category: str
+    pattern: str  # a Python regular expression, matched case-insensitively
+
+
+def _default_rules() -> list[FilterRule]:
+    return [
+        FilterRule(id="ignore-previous", category="prompt_injection",
+                   pattern=r"\b(ignore|disregard|forget)\b.{0,40}\b(previous|prior|above|earlier|all)\b.{0,40}"
+                           r"\b(instructions?|prompts?|rules|directions)\b"),
+        FilterRule(id="reveal-system-prompt", category="prompt_injection",
+                   pattern=r"\b(reveal|print|show|repeat|leak)\b.{0,30}\b(system|hidden|initial)\s+(prompt|instructions?)\b"),
+        FilterRule(id="developer-mode", category="prompt_injection",
+                   pattern=r"\b(DAN|developer mode|jailbreak(ed)?)\b"),
+        FilterRule(id="vergiss-anweisungen", category="prompt_injection",
+                   pattern=r"\b(vergiss|ignoriere)\b.{0,40}\b(anweisungen|alles|vorherigen?)\b"),
+    ]
+
+
+class FilterConfig(Section):
+    """The content filter: stage 1 rules (versioned), stage 2 a classifier trained by its own flow."""
+
+    rules_version: str = "2026-12-01"
+    rules: list[FilterRule] = Field(default_factory=_default_rules)
+    # Stage 2: the registered classifier loaded by alias ("<name>@<alias>"); None: rules only.
+    classifier: str | None = "tuneloop-filter@champion"
+    # The classifier is not registered (yet): rules_only (and a warning at start-up) or fail.
+    on_missing_classifier: Literal["rules_only", "fail"] = "rules_only"
+    threshold: float | None = Field(None, ge=0.0, le=1.0)  # None: the one chosen at training
+    prompts: Literal["block", "annotate", "off"] = "block"  # block: 400 content_filter
+    outputs: Literal["off", "annotate", "block"] = "annotate"
+    # /v1/moderations and prompt checks batch their classifier work.
+    max_batch_size: int = Field(32, ge=1)
+    max_latency_ms: float = Field(5.0, ge=0)
+    timeout_s: float = Field(5.0, gt=0)
+
+
+class FilterTrainingConfig(Section):
+    """`tuneloop filter train`: the classifier's own flow (flows/filter.py)."""
+
+    train_path: Path = Path("../shared/data/prompt-injections/train.parquet")
+    registered_model: str = "tuneloop-filter"
+    experiment: str = "tuneloop-filter"
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 42
+    target_fpr: float = Field(0.05, gt=0, lt=1)
+    # Blessing of the classifier: same TFX-style rules as the LM (components/blessing.py).
+    thresholds: list[MetricThreshold] = Field(default_factory=lambda: [
+        MetricThreshold(metric="recall_at_target_fpr", value_threshold=ValueThreshold(lower_bound=0.5)),
+        MetricThreshold(metric="roc_auc", value_threshold=ValueThreshold(lower_bound=0.8)),
+    ])
+    # Method-specific settings (components/gateway/filter_model.py says which it reads).
+    params: dict[str, Any] = {}
+
+
+class GatewayConfig(Section):
+    """The interface layer in front of every /v1 route (components/gateway)."""
+
+    # on: every /v1 route needs `Authorization: Bearer <key>`; off: local development only.
+    auth: Literal["on", "off"] = "on"
+    # API keys (peppered hashes): any SQLAlchemy URL; None: sqlite:///<home>/gateway/keys.db
+    key_store_url: str | None = None
+    # The pepper: the TUNELOOP_KEY_PEPPER variable, else this file (None: <home>/gateway/pepper,
+    # created with mode 0600 on first use). Every replica must see the same pepper.
+    pepper_file: Path | None = None
+    key_prefix: str = "tl-"
+    # Redis for limits and the result cache, shared by every worker and replica. None:
+    # in-process limiter and cache (one replica; say so).
+    redis_url: str | None = None
+    redis_timeout_s: float = Field(0.25, gt=0)  # socket connect/read timeout per call
+    # When Redis fails: open (serve without limits, cache bypassed) or closed (503).
+    on_redis_error: Literal["open", "closed"] = "open"
+    breaker_failures: int = Field(3, ge=1)  # consecutive failures that open the breaker
+    breaker_reset_s: float = Field(5.0, gt=0)  # then one probe call after this long
+    tiers: dict[str, TierLimits] = Field(default_factory=_default_tiers)
+    cache: ResultCacheConfig = ResultCacheConfig()
+    pii: PiiConfig = PiiConfig()
+    filter: FilterConfig = FilterConfig()
+    filter_training: FilterTrainingConfig = FilterTrainingConfig()
+
+
 class ServingConfig(Section):
     """The OpenAI-compatible model server (bentos/service.py, engines in components/serving)."""
 
@@ -279,7 +402,6 @@ class TuneloopConfig(Section):
     mlflow: MlflowConfig = MlflowConfig()
     prefect: PrefectConfig = PrefectConfig()
     bento: BentoConfig = BentoConfig()
-    cache: CacheConfig = CacheConfig()
     model: ModelConfig = ModelConfig()
     bootstrap: BootstrapConfig = BootstrapConfig()
     data: DataConfig = DataConfig()
@@ -288,6 +410,7 @@ class TuneloopConfig(Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     blessing: BlessingConfig = BlessingConfig()
     serving: ServingConfig = ServingConfig()
+    gateway: GatewayConfig = GatewayConfig()
 
     # Where this config came from; relative paths in it resolve against base_dir.
     _source: Path | None = PrivateAttr(None)
@@ -355,7 +478,7 @@ ENV_ALIASES = {
     "TUNELOOP_HOME": ("paths", "home"),
     "TUNELOOP_MLFLOW_URI": ("mlflow", "tracking_uri"),
     "TUNELOOP_PREFECT_API_URL": ("prefect", "api_url"),
-    "TUNELOOP_REDIS_URL": ("cache", "redis_url"),
+    "TUNELOOP_REDIS_URL": ("gateway", "redis_url"),
     "TUNELOOP_BASE_MODEL": ("model", "base_model"),
     "TUNELOOP_SERVE_MODEL_DIR": ("serving", "model_dir"),
     "TUNELOOP_SERVE_MODEL_NAME": ("serving", "model_name"),

@@ -68,3 +68,82 @@ def prefect_server(tmp: Path):
     cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     with service(cmd, f"http://127.0.0.1:{port}/api/health", tmp / "prefect-server.log", env=env, timeout=150):
         yield env
+
+
+def redis_available() -> bool:
+    import shutil
+
+    return shutil.which("redis-server") is not None
+
+
+@contextmanager
+def redis_server(tmp: Path, port: int | None = None):
+    """A real redis-server on 127.0.0.1 (no persistence); yields its URL. `make install`
+    installs Debian's redis-server; a test that needs it skips, naming it, where it is absent."""
+    import shutil
+    import socket
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        import pytest
+
+        pytest.skip("redis-server is not installed (make install puts Debian's redis-server in place)")
+    port = port or free_port()
+    log = tmp / f"redis-{port}.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                                 "--appendonly", "no", "--dir", str(tmp)], stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"redis-server did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def hung_listener():
+    """A TCP listener that accepts connections and never answers (a hung Redis); yields its URL."""
+    import socket
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(512)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept():
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+                held.append(conn)
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    finally:
+        stop.set()
+        t.join(2)
+        for c in held:
+            c.close()
+        sock.close()

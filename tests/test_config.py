@@ -18,7 +18,7 @@ def test_repo_default_config_is_valid_and_local():
     assert cfg.home == REPO_ROOT / ".tuneloop"
     assert cfg.mlflow_tracking_uri == f"sqlite:///{REPO_ROOT / '.tuneloop' / 'mlflow.db'}"
     assert cfg.prefect.api_url is None  # ephemeral Prefect
-    assert cfg.cache.redis_url is None  # in-process cache
+    assert cfg.gateway.redis_url is None  # in-process cache
     assert cfg.bentoml_home == REPO_ROOT / ".tuneloop" / "bentoml"
     assert cfg.base_model_ref == str(cfg.bootstrap_dir)
     assert cfg.blessing.thresholds, "the shipped config must bless on something"
@@ -76,7 +76,7 @@ def test_environment_overrides(tmp_path):
         },
     )
     assert cfg.mlflow_tracking_uri == "http://127.0.0.1:5000"
-    assert cfg.cache.redis_url == "redis://127.0.0.1:6379/0"
+    assert cfg.gateway.redis_url == "redis://127.0.0.1:6379/0"
     assert cfg.home == tmp_path / "state"
     assert cfg.data.seed == 7
     assert cfg.training.method == "lora"

@@ -9,6 +9,7 @@ RateLimitError, InternalServerError, ...).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -24,13 +25,14 @@ class ServingError(Exception):
     reason: str = "internal_error"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after_s: float | None = None):
+                 retry_after_s: float | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
         self.retry_after_s = retry_after_s
+        self.extra_headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return openai_error_body(self.message, self.type, self.param, self.code)
@@ -38,8 +40,8 @@ class ServingError(Exception):
     @property
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+            return dict(self.extra_headers)
+        return {**self.extra_headers, "Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 class InvalidRequest(ServingError):
@@ -76,6 +78,33 @@ class Unavailable(ServingError):
 
 class RequestTimeout(ServingError):
     status, type, code, reason = 504, "timeout_error", "timeout", "timeout"
+
+
+class InvalidApiKey(ServingError):
+    """Missing, malformed, unknown, expired or revoked API key (the message never quotes it)."""
+
+    status, type, code, reason = 401, "invalid_request_error", "invalid_api_key", "invalid_api_key"
+
+
+class RateLimited(ServingError):
+    """The key's requests/min or tokens/min is spent (headers say how long until it is not)."""
+
+    status, type, code, reason = 429, "requests", "rate_limit_exceeded", "rate_limited"
+
+
+class PiiDetected(InvalidRequest):
+    code, reason = "pii_detected", "pii_detected"
+
+
+class ContentFiltered(InvalidRequest):
+    code, reason = "content_filter", "content_filter"
+
+
+class GuardUnavailable(ServingError):
+    """A safety check (PII analysis, the content filter, Redis in fail-closed mode) could not
+    run: the request is refused rather than passed through unchecked."""
+
+    status, type, code, reason = 503, "server_error", "guard_unavailable", "guard_unavailable"
 
 
 class InternalError(ServingError):

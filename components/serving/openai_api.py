@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from components.gateway.pipeline import GatewayMiddleware, RequestGate, gate_of
 from components.serving.admission import AdmissionController, Ticket
 from components.serving.engine import GenerationStream, LoadedModel, SamplingParams
 from components.serving.errors import (
@@ -130,6 +131,24 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20, description="With logprobs: this many alternatives each.")
     modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
     audio: Any = Field(None, description="Not supported: a value is a 400.")
+
+
+class ModerationRequest(_Strict):
+    input: Text | list[Text] = Field(description="A string or a list of strings to classify.")
+    model: Text | None = Field(None, description="Accepted; the server's content filter answers whatever it names.")
+
+
+class ModerationResult(BaseModel):
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    category_applied_input_types: dict[str, list[str]]
+
+
+class ModerationResponse(BaseModel):
+    id: str
+    model: str
+    results: list[ModerationResult]
 
 
 class PromptTokensDetails(BaseModel):
@@ -584,10 +603,16 @@ class _Generations:
     slots; it is idempotent and called from every path (done, error, timeout, disconnect).
     """
 
-    def __init__(self, server: OpenAIServer, prepared: _Prepared, request_id: str):
+    def __init__(self, server: OpenAIServer, prepared: _Prepared, request_id: str, gate: RequestGate | None = None):
         self.server = server
         self.request_id = request_id
-        self.ticket: Ticket = server.admission.admit(len(prepared.prompts))
+        self.gate = gate
+        try:
+            self.ticket: Ticket = server.admission.admit(len(prepared.prompts))
+        except Exception:
+            if gate is not None:
+                gate.settle(0)  # nothing generated: the whole reservation goes back
+            raise
         loop = asyncio.get_running_loop()
         # loop.time() and time.monotonic() are the same clock.
         self.deadline = self.ticket.deadline
@@ -599,6 +624,11 @@ class _Generations:
         self.completion_tokens = [0] * len(self.streams)
         self._got_token = [False] * len(self.streams)
         self.finish_reasons: list[str | None] = [None] * len(self.streams)  # as the client sees them
+        # The gateway's output side: PII redaction per choice (streams hold back a tail), the
+        # text as the client got it (for the output filter and the cache), the filter's verdicts.
+        self.redactors = [gate.output_redactor() if gate else None for _ in self.streams]
+        self.texts = [""] * len(self.streams)
+        self.verdicts: list[Any] = [None] * len(self.streams)
         self._closed = False
         self.abort_reason: str | None = None
         if server.metrics:
@@ -621,22 +651,44 @@ class _Generations:
                 self._got_token[i] = True
                 if self.server.metrics:
                     self.server.metrics.first_token()
-            delta = text.add(ids)
+            delta = self._out(i, text.add(ids))
             self.completion_tokens[i] = len(text.ids)
             logprobs = stream.token_logprobs[seen:seen + len(ids)]  # delivered in the tokens' order
             seen += len(logprobs)
             entries = list(zip(ids, logprobs))
             if text.stopped:
                 stream.cancel()  # a stop string ended it: stop generating
-                self.finish_reasons[i] = "stop"
-                yield delta, "stop", entries
+                delta += self._out(i, "", final=True)
+                yield delta, await self._finish(i, "stop"), entries
                 return
             if delta or entries:
                 yield delta, None, entries
         if stream.finish_reason == "cancelled":
             raise _Aborted(self.abort_reason or "cancelled")
-        self.finish_reasons[i] = "stop" if stream.finish_reason == "stop" else "length"
-        yield text.flush(), self.finish_reasons[i], []
+        last = self._out(i, text.flush(), final=True)
+        yield last, await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"), []
+
+    def _out(self, i: int, delta: str, final: bool = False) -> str:
+        """What the client may see of a text delta: PII redacted (a tail held back until it is
+        known not to start an entity; all of it at the end)."""
+        redactor = self.redactors[i]
+        if redactor is not None:
+            delta = redactor.add(delta) if delta else ""
+            if final:
+                delta += redactor.flush()
+        self.texts[i] += delta
+        return delta
+
+    async def _finish(self, i: int, reason: str) -> str:
+        """The finish reason the client sees: the output filter may turn it into content_filter."""
+        if self.gate is not None:
+            verdicts = await self.gate.check_output([self.texts[i]])
+            if verdicts:
+                self.verdicts[i] = verdicts[0]
+                if verdicts[0].flagged and self.gate.output_mode == "block":
+                    reason = "content_filter"
+        self.finish_reasons[i] = reason
+        return reason
 
     def close(self) -> None:
         if self._closed:
@@ -652,6 +704,18 @@ class _Generations:
             for i, s in enumerate(self.streams):
                 self.server.metrics.generation_ended(s, self.started_at, self._got_token[i], self.finish_reasons[i])
         self.ticket.release()
+        if self.gate is not None:  # the unused part of the token reservation goes back
+            self.gate.settle(self.prompt_tokens + sum(self.completion_tokens))
+
+    def filter_results(self, i: int) -> dict | None:
+        """The output filter's annotation of choice i (Azure OpenAI's field name), or None."""
+        v = self.verdicts[i]
+        if v is None:
+            return None
+        return {"flagged": v.flagged, "categories": v.flagged_categories(), "rules": v.rules}
+
+    def cacheable_result(self) -> bool:
+        return all(r in ("stop", "length") for r in self.finish_reasons)
 
     def timeout_error(self) -> RequestTimeout:
         self.abort_reason = "timeout"
@@ -710,7 +774,7 @@ class _SSEResponse(StreamingResponse):
             self._on_close()
 
 
-def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_chunks: list[dict]):
+def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_chunks: list[dict], on_done=None):
     """SSE over all choices of a request, interleaved as their tokens arrive.
 
     Events that are ready together go out in one write: each write passes BentoML's and
@@ -752,6 +816,8 @@ def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_
                         out = []
             if include_usage:
                 out.append(_sse(make_chunk(None, None, None, usage=_usage(gens))))
+            if on_done is not None:
+                await on_done()
         except TimeoutError:
             error = gens.timeout_error()
         except _Aborted:
@@ -801,70 +867,216 @@ async def _generate_or_raise(gens: _Generations, request: Request) -> list[tuple
         gens.close()
 
 
+async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
+    """The gateway's prompt side: PII redaction (or a 400) and the content filter on every
+    text of the prompt; returns the body the model sees (redacted)."""
+    if gate is None:
+        return body
+    if gate.output_redactor() is not None and (body.logprobs not in (None, False)):
+        raise InvalidRequest("logprobs are not available while the gateway redacts outputs (gateway.pii.outputs: "
+                             "redact): token texts would bypass the redaction", param="logprobs")
+    if isinstance(body, ChatCompletionRequest):
+        texts = [m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
+                 for m in body.messages]
+        screened = await gate.screen_prompts(texts)
+        if screened == texts:
+            return body
+        messages = [m if new == old else m.model_copy(update={"content": new})
+                    for m, new, old in zip(body.messages, screened, texts)]
+        return body.model_copy(update={"messages": messages})
+    prompt = body.prompt
+    single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+    items = [prompt] if single else list(prompt)
+    texts = [p if isinstance(p, str) else server.loaded.tokenizer.decode(p, skip_special_tokens=False)
+             for p in items if isinstance(p, str) or all(0 <= t < server.loaded.vocab_size for t in p)]
+    if len(texts) != len(items):
+        return body  # an out-of-vocabulary token id: tokenisation refuses it with a 400
+    screened = await gate.screen_prompts(texts)
+    if screened == texts:
+        return body
+    # A redacted token-id prompt becomes text (its ids no longer say what the model sees).
+    new = [s if s != t else item for item, s, t in zip(items, screened, texts)]
+    if not all(isinstance(x, str) for x in new):
+        new = [x if isinstance(x, str) else t for x, t in zip(new, screened)]
+    return body.model_copy(update={"prompt": new[0] if single else new})
+
+
+async def _cached(gate: RequestGate | None, server: OpenAIServer, body, route: str):
+    """(cache key or None, the cached answer or None)."""
+    if gate is None:
+        return None, None
+    key = gate.cache_key(server.served.id, route, body.model_dump(mode="json"))
+    return key, await gate.cache_get(key)
+
+
+async def _reserve(gate: RequestGate | None, prepared: _Prepared) -> None:
+    if gate is not None:
+        await gate.reserve(prepared.prompt_tokens + sum(p.max_new_tokens for p in prepared.params))
+
+
+async def _store(gate: RequestGate | None, key: str | None, gens: _Generations, choices: list[dict]) -> None:
+    if gate is not None and key is not None and gens.cacheable_result():
+        await gate.cache_put(key, {"choices": choices, "usage": _usage(gens)})
+
+
+def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: bool):
+    """A cached answer as a fresh response: JSON, or a proper SSE stream for a streaming client."""
+    usage = {**cached["usage"], "prompt_tokens_details": {"cached_tokens": cached["usage"]["prompt_tokens"]}}
+
+    def choice(i: int, c: dict, delta: bool) -> dict:
+        out = {"index": i, "finish_reason": c["finish_reason"], "logprobs": None}
+        if chat:
+            out["delta" if delta else "message"] = ({"content": c["text"]} if delta else
+                                                    {"role": "assistant", "content": c["text"], "refusal": None})
+        else:
+            out["text"] = c["text"]
+        if c.get("content_filter_results") is not None:
+            out["content_filter_results"] = c["content_filter_results"]
+        return out
+
+    if not stream:
+        return JSONResponse({**base, "object": "chat.completion" if chat else "text_completion",
+                             "choices": [choice(i, c, False) for i, c in enumerate(cached["choices"])],
+                             "usage": usage})
+    chunks = []
+    extra = {"usage": None} if include_usage else {}
+    if chat:
+        chunks.append({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}
+                                           for i in range(len(cached["choices"]))], **extra})
+    for i, c in enumerate(cached["choices"]):
+        chunks.append({**base, "choices": [choice(i, c, True)], **extra})
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": usage})
+    body = "".join(_sse(c) for c in chunks) + _sse("[DONE]")
+    return Response(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 async def create_completion(server: OpenAIServer, body: CompletionRequest, request: Request):
     _check_model(server, body.model)
+    gate = gate_of(request)
+    body = await _screen(gate, server, body)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
+            "system_fingerprint": server.fingerprint}
+    key, hit = await _cached(gate, server, body, "completions")
+    if hit is not None:
+        return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
+                       chat=False)
     prompts = _tokenize_completion(server, body)
     prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
     echo = prepared.echo
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    gens = _Generations(server, prepared, rid)
-    base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
-            "system_fingerprint": server.fingerprint}
+    await _reserve(gate, prepared)
+    gens = _Generations(server, prepared, rid, gate)
     logprobs = _CompletionLogprobs(server, body.logprobs, len(gens.streams), echo)
+
+    def stored(i: int, text: str, finish: str) -> dict:
+        return {"text": text, "finish_reason": finish, "content_filter_results": gens.filter_results(i)}
 
     if body.stream:
         def chunk(i, delta, finish, usage=None, entries=None):
             choices = [] if i is None else [{"index": i, "text": delta or "", "finish_reason": finish,
                                              "logprobs": logprobs.render(i, delta or "", entries)}]
+            if finish is not None and gens.filter_results(i) is not None:
+                choices[0]["content_filter_results"] = gens.filter_results(i)
             out = {**base, "choices": choices}
             if prepared.include_usage:
                 out["usage"] = usage
             return out
 
+        async def done():
+            await _store(gate, key, gens, [stored(i, (echo[i] if echo else "") + gens.texts[i], gens.finish_reasons[i])
+                                     for i in range(len(gens.streams))])
+
         first = [chunk(i, text, None) for i, text in enumerate(echo)] if echo else []
-        return _stream_response(gens, chunk, prepared.include_usage, first)
+        return _stream_response(gens, chunk, prepared.include_usage, first, on_done=done)
 
     results = await _generate_or_raise(gens, request)
     if results is None:
         return Response(status_code=499)  # client closed the request (nginx's code); nobody reads it
-    choices = [{"index": i, "text": (echo[i] if echo else "") + text, "finish_reason": finish,
-                "logprobs": logprobs.render(i, text, entries)}
-               for i, (text, finish, entries) in enumerate(results)]
+    choices = []
+    for i, (text, finish, entries) in enumerate(results):
+        if finish == "content_filter":
+            text, entries = "", []
+        choice = {"index": i, "text": (echo[i] if echo else "") + text, "finish_reason": finish,
+                  "logprobs": logprobs.render(i, text, entries)}
+        if gens.filter_results(i) is not None:
+            choice["content_filter_results"] = gens.filter_results(i)
+        choices.append(choice)
+    await _store(gate, key, gens, [stored(i, c["text"], c["finish_reason"]) for i, c in enumerate(choices)])
     return JSONResponse({**base, "choices": choices, "usage": _usage(gens)})
 
 
 async def create_chat_completion(server: OpenAIServer, body: ChatCompletionRequest, request: Request):
     _check_model(server, body.model)
-    prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
+    gate = gate_of(request)
+    body = await _screen(gate, server, body)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    gens = _Generations(server, prepared, rid)
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
+    key, hit = await _cached(gate, server, body, "chat")
+    if hit is not None:
+        return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
+                       chat=True)
+    prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
+    await _reserve(gate, prepared)
+    gens = _Generations(server, prepared, rid, gate)
     logprobs = _ChatLogprobs(server) if body.logprobs else None
+
+    def stored(i: int, text: str, finish: str) -> dict:
+        return {"text": text, "finish_reason": finish, "content_filter_results": gens.filter_results(i)}
 
     if body.stream:
         def chunk(i, delta, finish, usage=None, entries=None):
             choices = [] if i is None else [{"index": i, "delta": {"content": delta} if delta else {},
                                              "logprobs": logprobs and logprobs.render(entries),
                                              "finish_reason": finish}]
+            if finish is not None and gens.filter_results(i) is not None:
+                choices[0]["content_filter_results"] = gens.filter_results(i)
             out = {**base, "choices": choices}
             if prepared.include_usage:
                 out["usage"] = usage
             return out
 
+        async def done():
+            await _store(gate, key, gens, [stored(i, gens.texts[i], gens.finish_reasons[i])
+                                     for i in range(len(gens.streams))])
+
         first = {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None} for i in range(len(gens.streams))]}
         if prepared.include_usage:
             first["usage"] = None
-        return _stream_response(gens, chunk, prepared.include_usage, [first])
+        return _stream_response(gens, chunk, prepared.include_usage, [first], on_done=done)
 
     results = await _generate_or_raise(gens, request)
     if results is None:
         return Response(status_code=499)
-    choices = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": logprobs and logprobs.render(entries), "finish_reason": finish}
-               for i, (text, finish, entries) in enumerate(results)]
+    choices = []
+    for i, (text, finish, entries) in enumerate(results):
+        if finish == "content_filter":
+            text, entries = "", []
+        choice = {"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                  "logprobs": logprobs and logprobs.render(entries), "finish_reason": finish}
+        if gens.filter_results(i) is not None:
+            choice["content_filter_results"] = gens.filter_results(i)
+        choices.append(choice)
+    await _store(gate, key, gens, [stored(i, c["message"]["content"], c["finish_reason"]) for i, c in enumerate(choices)])
     return JSONResponse({**base, "object": "chat.completion", "choices": choices, "usage": _usage(gens)})
+
+
+async def create_moderation(moderator, body: ModerationRequest, request: Request) -> dict:
+    """OpenAI's /v1/moderations over the gateway's content filter (rules + classifier)."""
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    if not texts:
+        raise InvalidRequest("input: an empty list has nothing to classify", param="input")
+    gate = gate_of(request)
+    if gate is not None:
+        verdicts = await gate.check_content(texts, "moderation")
+    else:
+        verdicts = await moderator.check(texts)
+    results = [{"flagged": v.flagged, "categories": v.categories, "category_scores": v.scores,
+                "category_applied_input_types": {c: ["text"] for c in v.categories}} for v in verdicts]
+    return {"id": f"modr-{uuid.uuid4().hex}", "model": moderator.model_id, "results": results}
 
 
 class _TokenText:
@@ -965,6 +1177,10 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
     """The FastAPI app; set app.state.server to an OpenAIServer once the model is ready."""
     app = FastAPI(title=title, version=version, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = None
+    # The interface layer (components/gateway): set app.state.gateway before app.state.server;
+    # without one every /v1 route is open (unit tests, gateway-less embedding).
+    app.state.gateway = None
+    app.add_middleware(GatewayMiddleware)
 
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, err: ServingError):
@@ -998,6 +1214,17 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         """The assistant's next message, rendered through the model's chat template."""
         return await create_chat_completion(_server(request), body, request)
+
+    @app.post("/v1/moderations", response_model=ModerationResponse, tags=["OpenAI"], responses=ERROR_RESPONSES)
+    async def moderations(body: ModerationRequest, request: Request):
+        """Classify text with the content filter: its rules and the trained prompt-injection classifier."""
+        gateway = request.app.state.gateway
+        moderator = gateway.filter if gateway is not None else None
+        if moderator is None:
+            if request.app.state.server is None or not request.app.state.server.ready:
+                raise Unavailable("the server is loading or warming up; retry shortly", retry_after_s=2)
+            raise RouteNotFound("moderation is off on this server (gateway.filter.prompts and outputs are off)")
+        return await create_moderation(moderator, body, request)
 
     @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"], responses=ERROR_RESPONSES)
     async def list_models(request: Request):

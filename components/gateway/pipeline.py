@@ -1,0 +1,448 @@
+"""The gateway: one request pipeline composed of the small parts of this package.
+
+    auth (keys.py) -> request limit (limiter.py) -> PII on the prompt (pii.py) ->
+    content filter on the prompt (content_filter.py) -> result cache (cache.py) ->
+    token reservation (limiter.py) -> generation -> PII on the output (streams too) ->
+    content filter on the output -> cache store -> token refund
+
+GatewayMiddleware (pure ASGI, in front of every /v1 route) does the first two and puts a
+RequestGate on the request's state; the OpenAI routes (components/serving/openai_api.py)
+call the gate for the rest. Everything runs in the server's process and event loop: no
+extra network hop but Redis, and heavy work (Presidio, the classifier) in worker threads
+with deadlines. Every failure of a safety step refuses the request (fails closed); only
+the cache and, in `open` mode, the shared limits degrade when Redis is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from components.gateway.cache import ResultCache, cache_key, cacheable
+from components.gateway.content_filter import ContentFilter, RuleSet, Verdict
+from components.gateway.keys import ApiKey, InvalidKey, KeyStore, load_pepper
+from components.gateway.limiter import Decision, Limits, MemoryLimiter, RedisLimiter, rate_limit_headers
+from components.gateway.redis_health import RedisHealth, RedisUnavailable
+from components.serving.errors import (
+    ContentFiltered,
+    GuardUnavailable,
+    InvalidApiKey,
+    PiiDetected,
+    RateLimited,
+    ServingError,
+)
+
+log = logging.getLogger("bentoml.tuneloop.gateway")
+
+STATE_KEY = "tuneloop_gate"  # where the RequestGate lives in the ASGI scope's state
+CIRCUIT_VALUES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class GatewayMetrics:
+    """Prometheus metrics of the gateway (create inside the server's worker, as ServingMetrics).
+
+    | tuneloop_gateway_auth_failures_total   | reason (missing, malformed, unknown, expired, revoked) |
+    | tuneloop_gateway_rate_limited_total    | limit (requests, tokens)                               |
+    | tuneloop_gateway_cache_total           | result (hit, miss, bypass)                             |
+    | tuneloop_gateway_redis_circuit_state   | 0 closed, 1 half open, 2 open                          |
+    | tuneloop_gateway_pii_entities_total    | entity, where (prompt, output)                         |
+    | tuneloop_gateway_filter_flagged_total  | category, where (prompt, output, moderation)           |
+    | tuneloop_gateway_filter_batch_size     | histogram of classifier batch sizes                    |
+    Labels never carry a key or a key id.
+    """
+
+    def __init__(self, registry=None):
+        import prometheus_client as prom
+
+        kw = {} if registry is None else {"registry": registry}
+        self.auth_failures = prom.Counter("tuneloop_gateway_auth_failures", "Refused API keys", ["reason"], **kw)
+        self.rate_limited = prom.Counter("tuneloop_gateway_rate_limited", "Requests over a limit", ["limit"], **kw)
+        self.cache = prom.Counter("tuneloop_gateway_cache", "Result cache lookups", ["result"], **kw)
+        self.circuit = prom.Gauge("tuneloop_gateway_redis_circuit_state", "Redis circuit: 0 closed, 1 half open, "
+                                  "2 open", multiprocess_mode="livemax", **kw)
+        self.pii = prom.Counter("tuneloop_gateway_pii_entities", "PII entities found", ["entity", "where"], **kw)
+        self.flagged = prom.Counter("tuneloop_gateway_filter_flagged", "Texts flagged by the content filter",
+                                    ["category", "where"], **kw)
+        self.filter_batch = prom.Histogram("tuneloop_gateway_filter_batch_size", "Classifier batch sizes",
+                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128), **kw)
+
+
+class _NoMetrics:
+    def __getattr__(self, name):
+        return self
+
+    def labels(self, **_):
+        return self
+
+    def inc(self, *_):
+        pass
+
+    set = observe = inc
+
+
+class Gateway:
+    def __init__(self, config, keys: KeyStore | None, limiter, cache: ResultCache | None, pii=None,
+                 content_filter: ContentFilter | None = None, metrics: GatewayMetrics | None = None,
+                 health: RedisHealth | None = None):
+        self.config = config  # components.config.GatewayConfig
+        self.keys = keys
+        self.limiter = limiter
+        self.cache = cache
+        self.pii = pii
+        self.filter = content_filter
+        self.metrics = metrics or _NoMetrics()
+        self.health = health
+        self._tasks: set[asyncio.Task] = set()  # refunds in flight (strong references)
+
+    # ---- building it from config ------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg, metrics: GatewayMetrics | None = None, load_classifier: bool = True) -> "Gateway":
+        """Everything the config asks for. Raises ServingSetupError-style exceptions with a
+        one-line reason when a part cannot start (the server then does not start)."""
+        g = cfg.gateway
+        metrics = metrics or _NoMetrics()
+        home = cfg.home / "gateway"
+        keys = None
+        if g.auth == "on":
+            pepper = load_pepper(cfg.resolve(g.pepper_file) if g.pepper_file else home / "pepper")
+            keys = KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
+        else:
+            log.warning("GATEWAY AUTH IS OFF (gateway.auth: off): every /v1 route is open to anyone who can "
+                        "reach this port, without limits. For local development only.")
+        health = None
+        if g.redis_url:
+            health = RedisHealth(g.redis_url, g.redis_timeout_s, g.breaker_failures, g.breaker_reset_s,
+                                 on_change=lambda state: metrics.circuit.set(CIRCUIT_VALUES[state]))
+            limiter = RedisLimiter(health, g.on_redis_error)
+        else:
+            limiter = MemoryLimiter()
+            if keys is not None:
+                log.info("rate limits are per process (no gateway.redis_url): exact for one replica only")
+        cache = None
+        if g.cache.enabled:
+            cache = ResultCache(g.cache.ttl_s, g.cache.max_entries, health,
+                                on_event=lambda kind: metrics.cache.labels(result=kind).inc())
+        pii = None
+        if g.pii.mode != "off" or g.pii.outputs != "off":
+            from components.gateway.pii import PiiRedactor
+
+            pii = PiiRedactor(g.pii, home)
+        content_filter = build_content_filter(cfg, metrics, load_classifier)
+        return cls(g, keys, limiter, cache, pii, content_filter, metrics, health)
+
+    async def close(self) -> None:
+        if self.health is not None:
+            await self.health.close()
+        if self.keys is not None:
+            self.keys.close()
+
+    # ---- the middleware's part ----------------------------------------------------------
+    def authenticate(self, authorization: str | None) -> ApiKey | None:
+        """The key's record, None when auth is off; InvalidApiKey (401) otherwise."""
+        if self.keys is None:
+            return None
+        reason, presented = "missing", None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            if scheme.lower() == "bearer" and value.strip():
+                presented = value.strip()
+            else:
+                reason = "malformed"
+        if presented is not None:
+            try:
+                return self.keys.verify(presented)
+            except InvalidKey as exc:
+                reason = exc.reason
+        self.metrics.auth_failures.labels(reason=reason).inc()
+        raise InvalidApiKey(_AUTH_MESSAGES[reason])
+
+    def limits_for(self, key: ApiKey) -> Limits:
+        tier = self.config.tiers.get(key.tier)
+        if tier is None:  # a key whose tier was removed from the config since
+            raise InvalidApiKey(f"this API key's tier {key.tier!r} is not configured on this server")
+        return Limits(key.requests_per_minute or tier.requests_per_minute,
+                      key.tokens_per_minute or tier.tokens_per_minute)
+
+    async def take(self, gate: "RequestGate", requests: int, tokens: int) -> Decision | None:
+        if gate.key is None:
+            return None
+        limits = self.limits_for(gate.key)
+        try:
+            decision = await self.limiter.acquire(gate.key.id, limits, requests, tokens)
+        except RedisUnavailable:  # fail-closed mode
+            raise GuardUnavailable("rate limits cannot be checked (Redis is unavailable) and this server "
+                                   "fails closed; retry shortly", retry_after_s=self.config.breaker_reset_s) from None
+        gate.decision = decision
+        if not decision.allowed:
+            self.metrics.rate_limited.labels(limit=decision.refused_by).inc()
+            raise _rate_limited(decision, tokens)
+        return decision
+
+    def spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+_AUTH_MESSAGES = {
+    "missing": "You didn't provide an API key. Provide it in the Authorization header (Authorization: Bearer "
+               "YOUR_KEY). `tuneloop keys create` makes one.",
+    "malformed": "The Authorization header is malformed: expected 'Bearer YOUR_KEY'.",
+    "unknown": "Incorrect API key provided. `tuneloop keys list` shows the valid keys' ids.",
+    "expired": "This API key has expired.",
+    "revoked": "This API key has been revoked.",
+}
+
+
+def _rate_limited(d: Decision, tokens: int) -> RateLimited:
+    limits = d.limits
+    if d.refused_by == "tokens":
+        if tokens > limits.tokens_per_minute:
+            message = (f"Request too large: it may use {tokens} tokens (prompt + max_tokens), more than this key's "
+                       f"limit of {limits.tokens_per_minute} tokens per minute. Lower max_tokens or the prompt.")
+            err = RateLimited(message, headers=rate_limit_headers(d))
+        else:
+            err = RateLimited(f"Rate limit reached for tokens per minute: limit {limits.tokens_per_minute}, "
+                              f"remaining {max(0, d.remaining_tokens)}, requested {tokens}. Try again in "
+                              f"{d.retry_after_s:.1f}s.", retry_after_s=d.retry_after_s, headers=rate_limit_headers(d))
+        err.type = "tokens"
+        return err
+    return RateLimited(f"Rate limit reached for requests per minute: limit {limits.requests_per_minute}. Try again "
+                       f"in {d.retry_after_s:.1f}s.", retry_after_s=d.retry_after_s, headers=rate_limit_headers(d))
+
+
+def key_store_url(cfg) -> str:
+    return cfg.gateway.key_store_url or f"sqlite:///{cfg.home / 'gateway' / 'keys.db'}"
+
+
+def build_content_filter(cfg, metrics=None, load_classifier: bool = True) -> ContentFilter | None:
+    """Rules, plus the registered classifier named by gateway.filter.classifier (by alias)."""
+    f = cfg.gateway.filter
+    if f.prompts == "off" and f.outputs == "off":
+        return None
+    rules = RuleSet(f.rules, f.rules_version)
+    classifier, model_id = None, None
+    if f.classifier and load_classifier:
+        classifier, model_id = load_registered_classifier(cfg, f.classifier)
+        if classifier is None:
+            if f.on_missing_classifier == "fail":
+                from components.serving.errors import ServingSetupError
+
+                raise ServingSetupError(f"gateway.filter.classifier {f.classifier!r} is not registered; train it "
+                                        "with `tuneloop filter train`")
+            log.warning("content filter: %s is not registered (train it with `tuneloop filter train`); "
+                        "rules only", f.classifier)
+    on_batch = (lambda n: metrics.filter_batch.observe(n)) if metrics is not None else None
+    return ContentFilter(rules, classifier, f.threshold, model_id, f.max_batch_size, f.max_latency_ms, f.timeout_s,
+                         on_batch=on_batch)
+
+
+def load_registered_classifier(cfg, ref: str):
+    """(InjectionClassifier, "name:version") for "name@alias" (or "name:version"); (None, None) if absent."""
+    from components.gateway.filter_model import InjectionClassifier
+    from components.registry import ModelRegistry
+
+    name, sep, alias = ref.partition("@")
+    version = None
+    if not sep:
+        name, _, version = ref.partition(":")
+    registry = ModelRegistry(cfg.mlflow_tracking_uri, name)
+    info = registry.version(version) if version else registry.by_alias(alias)
+    if info is None:
+        return None, None
+    folder = cfg.home / "gateway" / "filter" / f"{name}-{info.version}"
+    if not (folder / "classifier.json").exists():
+        tmp = folder.with_name(f".{folder.name}.{id(folder)}")
+        registry.download(info.version, tmp)
+        found = next(tmp.rglob("classifier.json"), None)
+        if found is None:
+            raise ValueError(f"{name} version {info.version} has no classifier.json")
+        if not folder.exists():
+            found.parent.rename(folder)
+    log.info("content filter: classifier %s:%s (%s)", name, info.version, ref)
+    return InjectionClassifier.load(folder), f"{name}:{info.version}"
+
+
+# ---------------------------------------------------------------------------------------
+# per request
+
+
+class RequestGate:
+    """One /v1 request's pass through the gateway: what the routes call."""
+
+    def __init__(self, gateway: Gateway, key: ApiKey | None):
+        self.gateway = gateway
+        self.key = key
+        self.decision: Decision | None = None  # the latest limiter decision (for the headers)
+        self.cache_status: str | None = None
+        self.reserved = 0
+
+    @property
+    def tenant(self) -> str:
+        if self.key is None:
+            return "anonymous"
+        return self.key.tenant if self.gateway.config.cache.scope == "team" else f"key:{self.key.id}"
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        out = []
+        if self.decision is not None:
+            out += [(k.encode(), v.encode()) for k, v in rate_limit_headers(self.decision).items()]
+        if self.cache_status is not None:
+            out.append((b"x-cache", self.cache_status.encode()))
+        return out
+
+    # ---- prompts ------------------------------------------------------------------------
+    async def screen_prompts(self, texts: list[str]) -> list[str]:
+        """PII (redact or block) then the content filter (block or annotate) on the prompt texts."""
+        g = self.gateway
+        if g.pii is not None and g.config.pii.mode != "off" and texts:
+            from components.gateway.pii import PiiError
+
+            try:
+                results = await asyncio.gather(*(g.pii.aredact(t) for t in texts))
+            except PiiError as exc:
+                raise GuardUnavailable(f"PII analysis failed ({exc}); the request was not processed") from None
+            found = [e for _, entities in results for e in entities]
+            for entity in found:
+                g.metrics.pii.labels(entity=entity, where="prompt").inc()
+            if found and g.config.pii.mode == "block":
+                raise PiiDetected("The prompt contains personal data or secrets "
+                                  f"({', '.join(sorted(set(found)))}); remove them and retry.")
+            texts = [text for text, _ in results]
+        if g.filter is not None and g.config.filter.prompts != "off" and texts:
+            verdicts = await self.check_content(texts, "prompt")
+            flagged = [v for v in verdicts if v.flagged]
+            if flagged and g.config.filter.prompts == "block":
+                cats = sorted({c for v in flagged for c in v.flagged_categories()})
+                raise ContentFiltered(f"The prompt was flagged by the content filter ({', '.join(cats)}) and was "
+                                      "not processed.")
+        return texts
+
+    async def check_content(self, texts: list[str], where: str) -> list[Verdict]:
+        try:
+            verdicts = await self.gateway.filter.check(texts)
+        except Exception as exc:  # the classifier failed or timed out: refuse, never pass unchecked
+            log.error("content filter failed: %s: %s", type(exc).__name__, exc)
+            raise GuardUnavailable("the content filter could not check this request; retry shortly") from None
+        for v in verdicts:
+            for c in v.flagged_categories():
+                self.gateway.metrics.flagged.labels(category=c, where=where).inc()
+        return verdicts
+
+    # ---- cache --------------------------------------------------------------------------
+    def cache_key(self, model_id: str, route: str, body: dict[str, Any]) -> str | None:
+        if self.gateway.cache is None or not cacheable(body):
+            self.cache_status = "miss" if self.gateway.cache is not None else None
+            return None
+        return cache_key(self.tenant, model_id, route, body)
+
+    async def cache_get(self, key: str | None) -> dict | None:
+        if key is None:
+            return None
+        hit = await self.gateway.cache.get(key)
+        self.cache_status = "hit" if hit is not None else "miss"
+        return hit
+
+    async def cache_put(self, key: str | None, value: dict) -> None:
+        if key is not None:
+            await self.gateway.cache.put(key, value)
+
+    # ---- tokens -------------------------------------------------------------------------
+    async def reserve(self, tokens: int) -> None:
+        """Take prompt + max_tokens from the key's tokens/min before generating (429 if over)."""
+        if await self.gateway.take(self, 0, tokens) is not None:
+            self.reserved = tokens
+
+    def settle(self, used: int) -> None:
+        """Give back what the response did not use (called once, when it ends however it ends)."""
+        unused, self.reserved = self.reserved - used, 0
+        if unused > 0 and self.key is not None:
+            self.gateway.spawn(self.gateway.limiter.refund(self.key.id, self.gateway.limits_for(self.key), unused))
+
+    # ---- outputs ------------------------------------------------------------------------
+    def output_redactor(self):
+        """A per-choice stream redactor (add(delta) -> safe text, flush()), or None."""
+        g = self.gateway
+        if g.pii is None or g.config.pii.outputs == "off":
+            return None
+        return _CountingRedactor(g.pii.stream(), lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
+
+    async def check_output(self, texts: list[str]) -> list[Verdict] | None:
+        g = self.gateway
+        if g.filter is None or g.config.filter.outputs == "off":
+            return None
+        return await self.check_content(texts, "output")
+
+    @property
+    def output_mode(self) -> str:
+        return self.gateway.config.filter.outputs if self.gateway.filter is not None else "off"
+
+
+class _CountingRedactor:
+    def __init__(self, inner, count: Callable[[str], None]):
+        self.inner = inner
+        self.count = count
+
+    def add(self, delta: str) -> str:
+        return self.inner.add(delta)
+
+    def flush(self) -> str:
+        return self.inner.flush()
+
+
+# ---------------------------------------------------------------------------------------
+# ASGI
+
+
+class GatewayMiddleware:
+    """Auth and the request limit for every /v1 route, and the gate's headers on every /v1
+    response (errors and streams included). Without app.state.gateway it lets all through
+    (an app built without a gateway, e.g. in unit tests)."""
+
+    def __init__(self, app, prefix: str = "/v1/"):
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+            return await self.app(scope, receive, send)
+        app = scope.get("app")
+        gateway: Gateway | None = getattr(getattr(app, "state", None), "gateway", None)
+        if gateway is None:
+            return await self.app(scope, receive, send)
+        gate = RequestGate(gateway, None)
+        try:
+            gate.key = gateway.authenticate(_header(scope, b"authorization"))
+            await gateway.take(gate, 1, 0)
+        except ServingError as err:
+            return await _send_error(err, gate, scope, receive, send)
+        scope.setdefault("state", {})[STATE_KEY] = gate
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *gate.headers()]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+async def _send_error(err: ServingError, gate: RequestGate, scope, receive, send) -> None:
+    from components.serving.openai_api import error_response
+
+    response = error_response(err)
+    for k, v in gate.headers():
+        response.headers.setdefault(k.decode(), v.decode())
+    await response(scope, receive, send)
+
+
+def gate_of(request) -> RequestGate | None:
+    return request.scope.get("state", {}).get(STATE_KEY)
+
