@@ -8,7 +8,15 @@ export TRANSFORMERS_OFFLINE := 1
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install demo test test-fast clean vllm-venv bench-vllm
+.PHONY: install demo test test-fast clean vllm-venv bench-vllm system-packages
+
+# System services the gateway and its tests use (the tests start and stop them on
+# 127.0.0.1; nothing runs as a daemon): Debian's redis-server. Skipped when present.
+APT_PACKAGES := redis-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-packages:
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); }
 
 # The lock is fully pinned, so pip installs it without backtracking; the project itself
 # goes in editable and without dependencies (they all come from the lock).
@@ -19,7 +27,7 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-install: $(BIN)/.installed
+install: $(BIN)/.installed system-packages
 
 demo: install
 	$(BIN)/tuneloop demo

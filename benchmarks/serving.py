@@ -71,7 +71,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from components.config import ServingConfig, load_config  # noqa: E402
-from tests.servers import free_port, service  # noqa: E402
+from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 
 SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess", "vllm"]
 DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
@@ -197,16 +197,17 @@ class Client:
     Content-Length or chunked transfer encoding.
     """
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, headers: dict[str, str] | None = None):
         parts = urllib.parse.urlsplit(url)
         self.host, self.port = parts.hostname, parts.port or 80
+        self.extra_headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def post(self, path: str, payload: dict):
         """(status, an async iterator of body pieces as they arrive); the connection is reused once the body is read."""
         data = json.dumps(payload).encode()
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n").encode()
+                f"Content-Length: {len(data)}\r\n{self.extra_headers}\r\n").encode()
         for attempt in (1, 2):
             reused = bool(self._idle)
             reader, writer = self._idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
@@ -313,8 +314,9 @@ async def send_naive(client: Client, req: BenchRequest) -> RequestResult:
                          ttft=e2e, e2e=e2e, streamed=False)
 
 
-async def drive_http(url: str, requests: list[BenchRequest], send, args, label: str):
-    client = Client(url)
+async def drive_http(url: str, requests: list[BenchRequest], send, args, label: str,
+                     headers: dict[str, str] | None = None):
+    client = Client(url, headers)
     try:
         return await run_workload(requests, lambda r: send(client, r), args.concurrency,
                                   args.request_rate, args.seed, label)
@@ -593,6 +595,7 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
         "TUNELOOP_SERVE_MODEL_DIR": str(model_dir),
         "TUNELOOP_SERVE_ENGINE": engine,
         "TUNELOOP_SERVE_MODEL_NAME": MODEL_NAME,
+        **GATEWAY_OFF,  # the engines, not the gateway (benchmarks/gateway.py measures that)
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()},
     }
     if args.num_threads:

@@ -185,6 +185,7 @@ class TuneloopLLM:
                 if not self.engine.is_running:
                     raise RuntimeError(f"the {SERVING.engine} engine did not start: "
                                        f"{getattr(self.engine, 'failed', None) or 'see the log'}")
+            await self.gateway.warm_up()
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s: ready", seconds)
         except Exception:

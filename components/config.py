@@ -223,14 +223,17 @@ class PiiConfig(Section):
     mode: Literal["redact", "block", "off"] = "redact"
     outputs: Literal["redact", "off"] = "redact"
     score_threshold: float = Field(0.5, ge=0.0, le=1.0)
-    # None: every recognizer the offline analyzer has (pattern, checksum and secret recognizers)
-    entities: list[str] | None = None
+    # What is redacted. None: every recognizer the offline analyzer has, DATE_TIME, UUID and
+    # MAC_ADDRESS included (dates in answers would become <DATE_TIME>).
+    entities: list[str] | None = Field(default_factory=lambda: [
+        "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS", "US_SSN", "URL", "SECRET_KEY",
+        "CRYPTO", "US_ITIN", "US_PASSPORT", "US_BANK_NUMBER", "UK_NHS", "MEDICAL_LICENSE"])
     # Analysis that errors or takes longer than this refuses the request (fails closed).
     timeout_s: float = Field(2.0, gt=0)
     # Streams: characters held back so an entity split across chunks is redacted whole;
     # at least the longest entity that must not leak in parts (words longer than this are
     # held until they end, whatever their length).
-    holdback_chars: int = Field(64, ge=8)
+    holdback_chars: int = Field(64, ge=48)  # a spaced IBAN is up to 42 characters
     # A blank spaCy pipeline on disk (tokenizer only, no model download). None: made once
     # under <home>/gateway/spacy-blank-en.
     spacy_model_dir: Path | None = None

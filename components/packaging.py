@@ -299,7 +299,9 @@ def packaged_serving_config(cfg: TuneloopConfig, model_tag: str, info) -> dict[s
         model_version=str(info.version),
         aliases=[f"{info.name}@{alias}" for alias in sorted(info.aliases)],
     )
-    return {"serving": serving}
+    # The bento carries its gateway policy too (tiers, PII, filter); where state lives (home,
+    # MLflow, key store, Redis) is the deployment's: deployment_env() says it at serve time.
+    return {"serving": serving, "gateway": cfg.gateway.model_dump(mode="json")}
 
 
 def _stage_sources(staging: Path, bentofile: dict[str, Any]) -> None:
@@ -315,10 +317,30 @@ def _stage_sources(staging: Path, bentofile: dict[str, Any]) -> None:
             shutil.copy2(src, staging / top)
 
 
+def deployment_env(cfg: TuneloopConfig) -> dict[str, str]:
+    """Where a served bento finds this deployment's state: the state folder (API keys, the
+    pepper file), MLflow (the content filter's classifier by alias), Redis and the key store
+    when configured, and the pepper when it comes from the environment."""
+    from components.gateway.keys import PEPPER_ENV
+
+    env = {"TUNELOOP_HOME": str(cfg.home), "TUNELOOP_MLFLOW_URI": cfg.mlflow_tracking_uri}
+    if cfg.gateway.redis_url:
+        env["TUNELOOP_REDIS_URL"] = cfg.gateway.redis_url
+    if cfg.gateway.key_store_url:
+        env["TUNELOOP__GATEWAY__KEY_STORE_URL"] = cfg.gateway.key_store_url
+    if cfg.gateway.pepper_file:
+        env["TUNELOOP__GATEWAY__PEPPER_FILE"] = str(cfg.resolve(cfg.gateway.pepper_file))
+    if os.environ.get(PEPPER_ENV):
+        env[PEPPER_ENV] = os.environ[PEPPER_ENV]
+    return env
+
+
 def _subprocess_env(cfg: TuneloopConfig) -> dict[str, str]:
-    """The environment for bentoml subprocesses: this config's store, offline, and none of
-    the caller's TUNELOOP_* overrides (the bento must stand on its packaged config)."""
+    """The environment for bentoml subprocesses: this config's store, offline, this
+    deployment's state (deployment_env), and none of the caller's other TUNELOOP_* overrides
+    (the bento must stand on its packaged config)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
+    env.update(deployment_env(cfg))
     env.update(
         BENTOML_HOME=str(cfg.bentoml_home),
         BENTOML_DO_NOT_TRACK="true",
@@ -502,11 +524,37 @@ def infra_validate(bento_tag: str, cfg: TuneloopConfig, timeout: float | None = 
     log_dir = cfg.home / "infra-validation"
     log_dir.mkdir(parents=True, exist_ok=True)
     _say(progress, f"infra validation: `bentoml serve {bento_tag}` on 127.0.0.1:{port}")
-    return check_server(serve_command(cfg, bento_tag, port=port), port, log_dir / f"{bento_tag.replace(':', '-')}.log",
-                        timeout or cfg.bento.validation_timeout_s, label=bento_tag)
+    command = serve_command(cfg, bento_tag, port=port)
+    headers = _validation_key(cfg, log_dir / f"keys-{port}", command.env)
+    try:
+        return check_server(command, port, log_dir / f"{bento_tag.replace(':', '-')}.log",
+                            timeout or cfg.bento.validation_timeout_s, label=bento_tag, headers=headers)
+    finally:
+        shutil.rmtree(log_dir / f"keys-{port}", ignore_errors=True)
 
 
-def check_server(command: ServeCommand, port: int, log_path: Path, timeout: float, label: str) -> InfraValidation:
+def _validation_key(cfg: TuneloopConfig, folder: Path, env: dict[str, str]) -> dict[str, str]:
+    """A throwaway key store with one key for the validation run (the deployment's own store
+    gets no validation keys); the request headers that carry it."""
+    if cfg.gateway.auth == "off":
+        return {}
+    import secrets as _secrets
+
+    from components.gateway.keys import PEPPER_ENV, KeyStore
+
+    pepper = _secrets.token_hex(32)
+    url = f"sqlite:///{folder / 'keys.db'}"
+    tiers = cfg.gateway.tiers
+    tier = max(tiers, key=lambda t: (tiers[t].requests_per_minute, tiers[t].tokens_per_minute))
+    store = KeyStore(url, pepper.encode(), cfg.gateway.key_prefix, tiers=list(tiers))
+    _, key = store.create("infra-validation", tier)
+    store.close()
+    env.update({"TUNELOOP__GATEWAY__KEY_STORE_URL": url, PEPPER_ENV: pepper})
+    return {"Authorization": f"Bearer {key}"}
+
+
+def check_server(command: ServeCommand, port: int, log_path: Path, timeout: float, label: str,
+                 headers: dict[str, str] | None = None) -> InfraValidation:
     """Run a serve command until /readyz, check the OpenAI answers, always stop it."""
     import httpx
 
@@ -521,7 +569,7 @@ def check_server(command: ServeCommand, port: int, log_path: Path, timeout: floa
         proc = subprocess.Popen(command.argv, cwd=command.cwd, env=command.env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own group: stopping it stops its workers
     try:
-        with httpx.Client(timeout=60) as client:
+        with httpx.Client(timeout=60, headers=headers) as client:
             deadline = time.monotonic() + timeout
             while True:
                 if proc.poll() is not None:
@@ -658,6 +706,7 @@ def serve_plan(cfg: TuneloopConfig, host: str = "127.0.0.1", port: int = 3000) -
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     if cfg.source is not None:
         env["TUNELOOP_CONFIG"] = str(Path(cfg.source).resolve())
+    env.update(deployment_env(cfg))
     what = "bentos/ as configured (serving.model_dir or the base model)"
     try:
         model_tag, info = import_champion(cfg)

@@ -20,16 +20,17 @@ LINEAGE_PACKAGES = (
 )
 
 
-def setup_mlflow(cfg: TuneloopConfig) -> str:
-    """Point MLflow at the configured store; create the experiment; return its id."""
+def setup_mlflow(cfg: TuneloopConfig, experiment: str | None = None) -> str:
+    """Point MLflow at the configured store; create the experiment (default mlflow.experiment); return its id."""
     import mlflow
 
     cfg.home.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(cfg.mlflow_tracking_uri)
     mlflow.set_registry_uri(cfg.mlflow_tracking_uri)
-    exp = mlflow.get_experiment_by_name(cfg.mlflow.experiment)
+    name = experiment or cfg.mlflow.experiment
+    exp = mlflow.get_experiment_by_name(name)
     if exp is None:
-        exp_id = mlflow.create_experiment(cfg.mlflow.experiment, artifact_location=cfg.mlflow_artifact_location)
+        exp_id = mlflow.create_experiment(name, artifact_location=cfg.mlflow_artifact_location)
     else:
         exp_id = exp.experiment_id
     mlflow.set_experiment(experiment_id=exp_id)

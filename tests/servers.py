@@ -147,3 +147,12 @@ def hung_listener():
         for c in held:
             c.close()
         sock.close()
+
+
+# For the serving tests that test the engines, not the gateway (test_gateway*.py do that):
+# no keys, no PII or content filter in front of the routes.
+GATEWAY_OFF = {
+    "TUNELOOP__GATEWAY__AUTH": "off",
+    "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}",
+    "TUNELOOP__GATEWAY__FILTER": "{prompts: off, outputs: off}",
+}

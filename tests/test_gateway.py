@@ -527,3 +527,172 @@ def test_auth_off_says_so_loudly(loaded, tmp_path, caplog):
 
         run_gateway(loaded, cfg, test)
     assert any("AUTH IS OFF" in rec.getMessage() for rec in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------
+# PII through the routes (components/gateway/pii.py has its own tests on the corpus)
+
+PLANTED = {
+    "email": "jane.doe@example.org",
+    "phone": "+1 212-555-0199",
+    "card": "4111 1111 1111 1111",
+    "iban": "DE89 3704 0044 0532 0130 00",
+    "ip": "192.168.13.77",
+    "ssn": "078-05-1121",
+    "openai key": "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
+    "github token": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
+}
+PLANTED_TEXT = " ".join(f"My {k} is {v}." for k, v in PLANTED.items())
+
+
+class RecordingBackend:
+    """Wraps the real engine and keeps the prompt ids it was given (what the model sees)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.engine = inner.engine if hasattr(inner, "engine") else "continuous"
+        self.prompts: list[list[int]] = []
+
+    def submit(self, stream):
+        self.prompts.append(list(stream.prompt_ids))
+        self.inner.submit(stream)
+
+
+class ScriptedModel:
+    """A model that answers with fixed text (a model that repeats PII back), token by token:
+    stands in for the model only, so the output side of the real redaction is tested."""
+
+    engine = "scripted"
+
+    def __init__(self, tokenizer, text: str):
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def submit(self, stream):
+        async def run():
+            for i in range(0, len(self.ids), 2):  # two tokens per step: entities split across chunks
+                stream.emit(self.ids[i:i + 2])
+                await asyncio.sleep(0)
+            stream.finish("stop")
+
+        stream.claimed = True
+        asyncio.get_running_loop().create_task(run())
+
+
+def _assert_clean(text: str, where: str) -> None:
+    for label, value in PLANTED.items():
+        assert value not in text, f"{label} ({value}) leaked in {where}: {text!r}"
+    for secret in (PLANTED["openai key"], PLANTED["github token"]):
+        for i in range(0, len(secret) - 8):
+            assert secret[i:i + 8] not in text, f"part of a secret leaked in {where}"
+
+
+def test_pii_never_reaches_the_model_and_block_mode_refuses(loaded, tmp_path, caplog):
+    import logging
+
+    from components.serving.engine import ContinuousEngine
+
+    cfg = gateway_config(tmp_path, auth="off", pii={"mode": "redact", "outputs": "redact"})
+    engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)
+
+    async def test(apps, gateways):
+        engine.launch()
+        recorder = RecordingBackend(engine)
+        apps[0].state.server.backend = recorder
+        client = sdk(apps[0])
+        await client.chat.completions.create(model="tiny", max_tokens=3, messages=[{"role": "user",
+                                                                                   "content": PLANTED_TEXT}])
+        await client.completions.create(model="tiny", max_tokens=3, prompt=[PLANTED_TEXT, "no pii here"])
+        ids = loaded.tokenizer(PLANTED_TEXT, add_special_tokens=False)["input_ids"]
+        await client.completions.create(model="tiny", max_tokens=3, prompt=ids)  # token ids are screened too
+        echoed = await client.completions.create(model="tiny", max_tokens=3, prompt=PLANTED_TEXT, echo=True)
+        for prompt in recorder.prompts:
+            _assert_clean(loaded.tokenizer.decode(prompt), "the model's input")
+        assert "<EMAIL_ADDRESS>" in loaded.tokenizer.decode(recorder.prompts[0])
+        _assert_clean(echoed.choices[0].text, "the echoed prompt")
+        import openai
+
+        gateways[0].config.pii.mode = "block"
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.completions.create(model="tiny", max_tokens=3, prompt=PLANTED_TEXT)
+        assert e.value.code == "pii_detected"
+        for value in PLANTED.values():
+            assert value not in str(e.value)
+        n = len(recorder.prompts)
+        ok = await client.completions.create(model="tiny", max_tokens=3, prompt="Nothing personal here")
+        assert ok.choices and len(recorder.prompts) == n + 1
+        engine.stop()
+
+    with caplog.at_level(logging.DEBUG):
+        run_gateway(loaded, cfg, test, backend=engine)
+    _assert_clean("\n".join(r.getMessage() for r in caplog.records), "the log")
+
+
+def test_pii_in_outputs_is_redacted_also_when_split_across_stream_chunks(loaded, tmp_path):
+    cfg = gateway_config(tmp_path, auth="off", pii={"mode": "off", "outputs": "redact"})
+    model = ScriptedModel(loaded.tokenizer, "Sure! " + PLANTED_TEXT + " Anything else?")
+
+    async def test(apps, gateways):
+        client = sdk(apps[0])
+        whole = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        _assert_clean(whole.choices[0].message.content, "a whole answer")
+        assert "<EMAIL_ADDRESS>" in whole.choices[0].message.content and "Anything else?" in \
+            whole.choices[0].message.content
+        stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                      stream=True)
+        seen = ""
+        async for event in stream:
+            for c in event.choices:
+                seen += c.delta.content or ""
+                _assert_clean(seen, "a stream, as far as it got")
+        assert seen == whole.choices[0].message.content
+        text = ""
+        async for event in await client.completions.create(model="tiny", prompt="x", stream=True):
+            text += event.choices[0].text if event.choices else ""
+        _assert_clean(text, "a completions stream")
+        import openai
+
+        with pytest.raises(openai.BadRequestError) as e:  # token texts would bypass the redaction
+            await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                 logprobs=True)
+        assert e.value.param == "logprobs"
+
+    run_gateway(loaded, cfg, test, backend=model)
+
+
+def test_pii_analysis_failure_refuses_the_request(loaded, tmp_path):
+    cfg = gateway_config(tmp_path, auth="off", pii={"mode": "redact", "outputs": "redact", "timeout_s": 0.3})
+    model = ScriptedModel(loaded.tokenizer, "Reach me at jane.doe@example.org please, any time at all.")
+
+    async def test(apps, gateways):
+        import openai
+
+        pii = gateways[0].pii
+        client = sdk(apps[0])
+        original = pii._analyze
+
+        def broken(text):
+            raise RuntimeError("analyzer exploded")
+
+        pii._analyze = broken
+        with pytest.raises(openai.InternalServerError) as e:
+            await client.completions.create(model="tiny", prompt="my mail is jane.doe@example.org", max_tokens=3)
+        assert e.value.status_code == 503 and e.value.code == "guard_unavailable"
+
+        def slow(text):
+            time.sleep(1.0)
+            return original(text)
+
+        pii._analyze = slow
+        t = time.perf_counter()
+        with pytest.raises(openai.InternalServerError):
+            await client.completions.create(model="tiny", prompt="my mail is jane.doe@example.org", max_tokens=3)
+        assert time.perf_counter() - t < 1.0  # refused at the timeout, not after the analysis
+        # the output side: a stream ends with an OpenAI-shaped error event, nothing unredacted sent
+        gateways[0].config.pii.mode = "off"
+        pii._analyze = broken
+        r = await raw(apps[0]).post("/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True})
+        assert r.status_code == 200
+        assert "jane.doe" not in r.text and '"error"' in r.text and r.text.rstrip().endswith("data: [DONE]")
+        pii._analyze = original
+
+    run_gateway(loaded, cfg, test, backend=model)

@@ -77,7 +77,11 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup):
     port = packaging.free_port()
     plan = packaging.serve_plan(cfg, port=port)
     assert "champion tuneloop-chat v1" in plan.what and "bentos.service:TuneloopLLM" in plan.argv
-    check = packaging.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source")
+    from components.gateway.pipeline import open_key_store
+
+    _, key = open_key_store(cfg).create("packaging-test", "paid")  # `tuneloop keys create`, as a user would
+    check = packaging.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source",
+                                   headers={"Authorization": f"Bearer {key}"})
     print(f"\nserving the champion from source: {check.reason}")
     assert check.passed, check.reason + "\n" + check.log_tail
 

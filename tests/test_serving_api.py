@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, service
+from tests.servers import GATEWAY_OFF, free_port, service
 from tests.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -52,6 +52,7 @@ def serve(model_dir: Path, tmp: Path, engine: str, **serving):
         "TUNELOOP__SERVING__ALIASES": "[tiny-chat@champion]",
         "TUNELOOP__SERVING__NUM_THREADS": "1",  # the machine has 2 shared cores; leave one to the clients
         "TUNELOOP__SERVING__DTYPE": "float32",  # answers are compared with float32 `generate`
+        **GATEWAY_OFF,
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in serving.items()},
     }
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",
@@ -446,7 +447,8 @@ def test_serves_a_bentoml_model_and_is_ready_only_after_warm_up(model_dir, tmp_p
     port = free_port()
     env.update({"TUNELOOP__SERVING__BENTO_MODEL": tag, "TUNELOOP_SERVE_ENGINE": "adaptive",
                 "TUNELOOP_SERVE_MODEL_DIR": str(tmp_path / "not-used"),
-                "TUNELOOP__SERVING__NUM_THREADS": "1", "TUNELOOP__SERVING__WARMUP_REQUESTS": "40"})
+                "TUNELOOP__SERVING__NUM_THREADS": "1", "TUNELOOP__SERVING__WARMUP_REQUESTS": "40",
+                "TUNELOOP_HOME": str(tmp_path / "home"), **GATEWAY_OFF})
     log = tmp_path / "serve.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, service
+from tests.servers import GATEWAY_OFF, free_port, service
 from tests.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -44,6 +44,7 @@ def vllm_server(tmp_path_factory):
         "TUNELOOP__SERVING__VLLM_PYTHON": str(VLLM_PYTHON),
         "TUNELOOP__SERVING__DTYPE": "float32",  # answers are compared with float32 `generate`
         "TUNELOOP__SERVING__KV_CACHE_GIB": "1",
+        **GATEWAY_OFF,
     }
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
            "--port", str(port)]

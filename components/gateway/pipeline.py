@@ -105,8 +105,7 @@ class Gateway:
         home = cfg.home / "gateway"
         keys = None
         if g.auth == "on":
-            pepper = load_pepper(cfg.resolve(g.pepper_file) if g.pepper_file else home / "pepper")
-            keys = KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
+            keys = open_key_store(cfg)
         else:
             log.warning("GATEWAY AUTH IS OFF (gateway.auth: off): every /v1 route is open to anyone who can "
                         "reach this port, without limits. For local development only.")
@@ -127,9 +126,19 @@ class Gateway:
         if g.pii.mode != "off" or g.pii.outputs != "off":
             from components.gateway.pii import PiiRedactor
 
-            pii = PiiRedactor(g.pii, home)
+            settings = g.pii
+            if settings.spacy_model_dir is not None:
+                settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
+            pii = PiiRedactor(settings, home, key_prefix=g.key_prefix)
         content_filter = build_content_filter(cfg, metrics, load_classifier)
         return cls(g, keys, limiter, cache, pii, content_filter, metrics, health)
+
+    async def warm_up(self) -> None:
+        """First calls of the analyzer and the classifier (lazy initialisation), before traffic."""
+        if self.pii is not None:
+            await self.pii.aredact("warm-up: write to jane.doe@example.com or call 212-555-0199")
+        if self.filter is not None:
+            await self.filter.check(["warm-up: is this an injection?"])
 
     async def close(self) -> None:
         if self.health is not None:
@@ -216,6 +225,13 @@ def key_store_url(cfg) -> str:
     return cfg.gateway.key_store_url or f"sqlite:///{cfg.home / 'gateway' / 'keys.db'}"
 
 
+def open_key_store(cfg) -> KeyStore:
+    """The deployment's key store, as `tuneloop keys` and every server replica open it."""
+    g = cfg.gateway
+    pepper = load_pepper(cfg.resolve(g.pepper_file) if g.pepper_file else cfg.home / "gateway" / "pepper")
+    return KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
+
+
 def build_content_filter(cfg, metrics=None, load_classifier: bool = True) -> ContentFilter | None:
     """Rules, plus the registered classifier named by gateway.filter.classifier (by alias)."""
     f = cfg.gateway.filter
@@ -297,12 +313,7 @@ class RequestGate:
         """PII (redact or block) then the content filter (block or annotate) on the prompt texts."""
         g = self.gateway
         if g.pii is not None and g.config.pii.mode != "off" and texts:
-            from components.gateway.pii import PiiError
-
-            try:
-                results = await asyncio.gather(*(g.pii.aredact(t) for t in texts))
-            except PiiError as exc:
-                raise GuardUnavailable(f"PII analysis failed ({exc}); the request was not processed") from None
+            results = await _redact_all(g.pii, texts)
             found = [e for _, entities in results for e in entities]
             for entity in found:
                 g.metrics.pii.labels(entity=entity, where="prompt").inc()
@@ -368,6 +379,13 @@ class RequestGate:
             return None
         return _CountingRedactor(g.pii.stream(), lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
 
+    async def redact_output(self, texts: list[str]) -> list[str]:
+        """Whole output texts (e.g. an echoed prompt) through the output redaction."""
+        g = self.gateway
+        if g.pii is None or g.config.pii.outputs == "off":
+            return texts
+        return [text for text, _ in await _redact_all(g.pii, texts)]
+
     async def check_output(self, texts: list[str]) -> list[Verdict] | None:
         g = self.gateway
         if g.filter is None or g.config.filter.outputs == "off":
@@ -379,16 +397,41 @@ class RequestGate:
         return self.gateway.config.filter.outputs if self.gateway.filter is not None else "off"
 
 
+async def _redact_all(pii, texts: list[str]) -> list[tuple[str, list[str]]]:
+    """Every text redacted, or GuardUnavailable: any failure (an error, the timeout) refuses."""
+    try:
+        return list(await asyncio.gather(*(pii.aredact(t) for t in texts)))
+    except Exception as exc:
+        log.error("PII analysis failed: %s: %s", type(exc).__name__, exc)
+        raise GuardUnavailable("PII analysis failed; the request was not processed (the gateway fails closed)") \
+            from None
+
+
 class _CountingRedactor:
+    """A stream redactor (analysis in a worker thread, within pii.timeout_s) whose failures
+    refuse (GuardUnavailable) and whose finds are counted."""
+
     def __init__(self, inner, count: Callable[[str], None]):
         self.inner = inner
         self.count = count
+        self._counted = 0
 
-    def add(self, delta: str) -> str:
-        return self.inner.add(delta)
+    async def _guard(self, coro) -> str:
+        try:
+            out = await coro
+        except Exception as exc:
+            log.error("PII analysis of an output failed: %s: %s", type(exc).__name__, exc)
+            raise GuardUnavailable("PII analysis of the answer failed; the rest of it was withheld") from None
+        for entity in self.inner.found[self._counted:]:
+            self.count(entity)
+        self._counted = len(self.inner.found)
+        return out
 
-    def flush(self) -> str:
-        return self.inner.flush()
+    async def add(self, delta: str) -> str:
+        return await self._guard(self.inner.aadd(delta))
+
+    async def flush(self) -> str:
+        return await self._guard(self.inner.aflush())
 
 
 # ---------------------------------------------------------------------------------------

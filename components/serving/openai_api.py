@@ -651,31 +651,31 @@ class _Generations:
                 self._got_token[i] = True
                 if self.server.metrics:
                     self.server.metrics.first_token()
-            delta = self._out(i, text.add(ids))
+            delta = await self._out(i, text.add(ids))
             self.completion_tokens[i] = len(text.ids)
             logprobs = stream.token_logprobs[seen:seen + len(ids)]  # delivered in the tokens' order
             seen += len(logprobs)
             entries = list(zip(ids, logprobs))
             if text.stopped:
                 stream.cancel()  # a stop string ended it: stop generating
-                delta += self._out(i, "", final=True)
+                delta += await self._out(i, "", final=True)
                 yield delta, await self._finish(i, "stop"), entries
                 return
             if delta or entries:
                 yield delta, None, entries
         if stream.finish_reason == "cancelled":
             raise _Aborted(self.abort_reason or "cancelled")
-        last = self._out(i, text.flush(), final=True)
+        last = await self._out(i, text.flush(), final=True)
         yield last, await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"), []
 
-    def _out(self, i: int, delta: str, final: bool = False) -> str:
+    async def _out(self, i: int, delta: str, final: bool = False) -> str:
         """What the client may see of a text delta: PII redacted (a tail held back until it is
         known not to start an entity; all of it at the end)."""
         redactor = self.redactors[i]
         if redactor is not None:
-            delta = redactor.add(delta) if delta else ""
+            delta = await redactor.add(delta) if delta else ""
             if final:
-                delta += redactor.flush()
+                delta += await redactor.flush()
         self.texts[i] += delta
         return delta
 
@@ -965,6 +965,8 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
                        chat=False)
     prompts = _tokenize_completion(server, body)
     prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
+    if gate is not None and prepared.echo:
+        prepared.echo = await gate.redact_output(prepared.echo)
     echo = prepared.echo
     await _reserve(gate, prepared)
     gens = _Generations(server, prepared, rid, gate)
