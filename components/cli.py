@@ -28,6 +28,9 @@ app = typer.Typer(
 )
 registry_app = typer.Typer(help="MLflow registry: promotion history and rollback.", no_args_is_help=True)
 app.add_typer(registry_app, name="registry")
+filter_app = typer.Typer(help="The content filter's classifier: train, evaluate, bless, promote.",
+                         no_args_is_help=True)
+app.add_typer(filter_app, name="filter")
 keys_app = typer.Typer(help="API keys of the gateway: create (shown once), list, revoke.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -136,8 +139,10 @@ def validate(
 
 @app.command()
 def demo(config: Optional[Path] = ConfigOption):
-    """The main job on embedded defaults: base model, data + validation gate, then the training
-    flow (fine-tune, evaluate, bless, promote, package and infra-validate the champion)."""
+    """The main job on embedded defaults: base model, data gate, training flow, content filter.
+
+    The training flow fine-tunes, evaluates, blesses, promotes, packages and infra-validates
+    the champion; then the content filter's flow runs where its labelled set is present."""
     cfg = _load(config)
     console.rule("1. base model")
     console.print(f"base model: {ensure_base_model(cfg)}")
@@ -150,8 +155,20 @@ def demo(config: Optional[Path] = ConfigOption):
         _fail("validation failed; nothing was trained", code=1)
     console.rule("3. training flow")
     train(config=config, data=None, eval_data=None, as_json=False)
+    console.rule("4. content filter (the gateway's classifier)")
+    labelled = cfg.resolve(cfg.gateway.filter_training.train_path)
+    if labelled.exists():
+        try:
+            filter_train(config=config, data=None, as_json=False)
+        except typer.Exit as exc:  # not blessed: the gateway keeps its rules (and any earlier champion)
+            if exc.exit_code:
+                console.print("[yellow]the classifier was not blessed; the filter keeps what it had[/]")
+    else:
+        console.print(f"skipped: {labelled} is absent (gateway.filter_training.train_path); the content filter "
+                      "runs its rules only until `tuneloop filter train --data FILE`")
     console.rule("next")
     console.print(
+        "an API key:           .venv/bin/tuneloop keys create --name me --tier paid   (shown once)\n"
         "serve the champion:   .venv/bin/tuneloop serve   (OpenAI API on http://127.0.0.1:3000/v1)\n"
         f"MLflow UI:            .venv/bin/mlflow ui --backend-store-uri {cfg.mlflow_tracking_uri}\n"
         "promotion history:    .venv/bin/tuneloop registry history"
@@ -191,6 +208,36 @@ def train(
         print(json.dumps(summary, indent=2, default=str))
     else:
         _print_training_summary(summary)
+
+
+@filter_app.command("train")
+def filter_train(
+    config: Optional[Path] = ConfigOption,
+    data: Optional[Path] = typer.Option(None, "--data", help="Labelled set with columns text, label "
+                                                             "(default: gateway.filter_training.train_path)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+):
+    """Run the filter-training flow: train the prompt-injection classifier, compare it with the
+    baseline and the champion, bless it, promote it (servers load it by alias at start-up)."""
+    cfg = _load(config)
+    _use_prefect(cfg)
+    from flows.filter import filter_training_flow
+
+    try:
+        summary = filter_training_flow(config_path=str(config) if config else None, data=str(data) if data else None)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(f"{exc}\nnothing was trained or promoted", code=1)
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    m, b = summary["metrics"], summary["baseline"]
+    console.print(f"{summary['method']}: recall {m['recall']:.3f} at FPR {m['fpr']:.3f}, ROC-AUC {m['roc_auc']:.3f} "
+                  f"(baseline: recall {b['recall']:.3f} at FPR {b['fpr']:.3f}, ROC-AUC {b['roc_auc']:.3f})")
+    state = "[green]blessed[/]" if summary["blessed"] else "[red]not blessed[/]"
+    console.print(f"{summary['registered_model']} version {summary['version']}: {state} "
+                  f"({'; '.join(summary['reasons'])}); champion: {summary['champion_after']}")
+    if not summary["blessed"]:
+        raise typer.Exit(1)
 
 
 def _use_prefect(cfg) -> None:
@@ -274,12 +321,9 @@ def registry_rollback(
 
 
 def _key_store(cfg):
-    from components.gateway.keys import KeyStore, load_pepper
-    from components.gateway.pipeline import key_store_url
+    from components.gateway.pipeline import open_key_store
 
-    g = cfg.gateway
-    pepper = load_pepper(cfg.resolve(g.pepper_file) if g.pepper_file else cfg.home / "gateway" / "pepper")
-    return KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
+    return open_key_store(cfg)
 
 
 def _key_row(k) -> dict:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -191,6 +191,20 @@ class BlessingConfig(Section):
     thresholds: list[MetricThreshold] = []
 
 
+def _yaml_switch(value: Any) -> Any:
+    """YAML 1.1 reads a bare `off` / `on` as a boolean: take it back as the word that was written."""
+    if value is False:
+        return "off"
+    if value is True:
+        return "on"
+    return value
+
+
+def Switch(*words: str):  # noqa: N802 - a type factory
+    """A Literal of words where YAML's on/off booleans mean "on"/"off"."""
+    return Annotated[Literal[words], BeforeValidator(_yaml_switch)]
+
+
 class TierLimits(Section):
     """Per-minute budgets of one tier (or one key's override): both are enforced together."""
 
@@ -220,8 +234,8 @@ class PiiConfig(Section):
     """Presidio over prompts (before the model), outputs (streams included) and logs."""
 
     # prompts: redact (replace each entity with <TYPE>), block (400 pii_detected), off
-    mode: Literal["redact", "block", "off"] = "redact"
-    outputs: Literal["redact", "off"] = "redact"
+    mode: Switch("redact", "block", "off") = "redact"
+    outputs: Switch("redact", "off") = "redact"
     score_threshold: float = Field(0.5, ge=0.0, le=1.0)
     # What is redacted. None: every recognizer the offline analyzer has, DATE_TIME, UUID and
     # MAC_ADDRESS included (dates in answers would become <DATE_TIME>).
@@ -269,8 +283,8 @@ class FilterConfig(Section):
     # The classifier is not registered (yet): rules_only (and a warning at start-up) or fail.
     on_missing_classifier: Literal["rules_only", "fail"] = "rules_only"
     threshold: float | None = Field(None, ge=0.0, le=1.0)  # None: the one chosen at training
-    prompts: Literal["block", "annotate", "off"] = "block"  # block: 400 content_filter
-    outputs: Literal["off", "annotate", "block"] = "annotate"
+    prompts: Switch("block", "annotate", "off") = "block"  # block: 400 content_filter
+    outputs: Switch("off", "annotate", "block") = "annotate"
     # /v1/moderations and prompt checks batch their classifier work.
     max_batch_size: int = Field(32, ge=1)
     max_latency_ms: float = Field(5.0, ge=0)
@@ -299,7 +313,7 @@ class GatewayConfig(Section):
     """The interface layer in front of every /v1 route (components/gateway)."""
 
     # on: every /v1 route needs `Authorization: Bearer <key>`; off: local development only.
-    auth: Literal["on", "off"] = "on"
+    auth: Switch("on", "off") = "on"
     # API keys (peppered hashes): any SQLAlchemy URL; None: sqlite:///<home>/gateway/keys.db
     key_store_url: str | None = None
     # The pepper: the TUNELOOP_KEY_PEPPER variable, else this file (None: <home>/gateway/pepper,

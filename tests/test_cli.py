@@ -9,7 +9,8 @@ import pytest
 
 TUNELOOP = [str(Path(sys.executable).parent / "tuneloop")]
 VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["train"], ["package"], ["serve"],
-         ["registry"], ["registry", "history"], ["registry", "rollback"]]
+         ["registry"], ["registry", "history"], ["registry", "rollback"], ["keys"], ["keys", "create"],
+         ["keys", "list"], ["keys", "revoke"], ["filter"], ["filter", "train"]]
 
 
 def run(*args, **kw):

@@ -96,3 +96,18 @@ def test_blessing_thresholds_are_typed(tmp_path):
     )
     with pytest.raises(ConfigError, match="direction"):
         load_config(path, environ={})
+
+
+def test_gateway_switches_read_as_written_in_yaml(tmp_path):
+    # YAML 1.1 turns a bare `off` into False: the schema takes it back as "off"
+    path = tmp_path / "gw.yaml"
+    path.write_text("gateway:\n  auth: off\n  pii: {mode: block, outputs: off}\n  filter: {prompts: off}\n")
+    cfg = load_config(path, environ={})
+    assert (cfg.gateway.auth, cfg.gateway.pii.mode, cfg.gateway.pii.outputs, cfg.gateway.filter.prompts) == \
+        ("off", "block", "off", "off")
+    path.write_text("gateway:\n  pii: {mode: on}\n")  # `on` is no PII mode: the error names the key
+    with pytest.raises(ConfigError, match="gateway.pii.mode"):
+        load_config(path, environ={})
+    path.write_text("gateway:\n  tiers: {free: {requests_per_minute: 0, tokens_per_minute: 10}}\n")
+    with pytest.raises(ConfigError, match="gateway.tiers.free.requests_per_minute"):
+        load_config(path, environ={})

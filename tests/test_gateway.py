@@ -696,3 +696,26 @@ def test_pii_analysis_failure_refuses_the_request(loaded, tmp_path):
         pii._analyze = original
 
     run_gateway(loaded, cfg, test, backend=model)
+
+
+def test_micro_batcher_groups_concurrent_callers_and_keeps_each_answer_its_own():
+    from components.gateway.content_filter import MicroBatcher
+
+    sizes = []
+
+    def square(items):
+        time.sleep(0.01)  # a model forward: callers arriving meanwhile wait for the next batch
+        if any(i < 0 for i in items):
+            raise ValueError("negative")
+        return [i * i for i in items]
+
+    async def main():
+        batcher = MicroBatcher(square, max_batch_size=16, max_latency_s=0.002, on_batch=sizes.append)
+        results = await asyncio.gather(*(batcher.run([i, i + 1]) for i in range(0, 80, 2)))
+        assert [r for pair in results for r in pair] == [i * i for i in range(80)]
+        assert max(sizes) == 16 and len(sizes) < 80 / 2  # batched, never above the cap
+        bad = await asyncio.gather(batcher.run([-1]), return_exceptions=True)
+        assert isinstance(bad[0], ValueError)
+        assert await batcher.run([3]) == [9]  # a failed batch does not break the next
+
+    asyncio.run(main())

@@ -300,16 +300,26 @@ def test_schemathesis_finds_no_server_error_and_only_openai_shaped_errors(server
     """Property-based requests from the served OpenAPI spec (valid and invalid ones), with
     the model names a real client sends (the served ones and an unknown one): no 5xx, every
     /v1 error in OpenAI's shape, every 200 JSON body valid against the documented schema."""
+    engine, url = server
+    seen = fuzz_openai_routes(url, ["tiny-chat:7", "tiny-chat@champion", "tiny-chat", "gpt-4o"])
+    print(f"\n{engine}: {sum(seen.values())} requests, " + ", ".join(f"{k}={v}" for k, v in sorted(seen.items())))
+    assert any(k[0] == "positive" and k[3] == 200 and "completions" in k[2] for k in seen)  # it reached the engine
+    assert any(k[0] == "negative" and k[3] == 400 for k in seen)
+
+
+def fuzz_openai_routes(url: str, model_names: list[str], headers: dict | None = None,
+                       max_examples: int = 60) -> dict[tuple, int]:
+    """Schemathesis over every /v1 operation of the served spec; asserts no 5xx and only
+    OpenAI-shaped errors; returns how often each (mode, method, path, status) was seen."""
     import hypothesis
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
     from schemathesis import GenerationMode
     from schemathesis.specs.openapi.checks import response_schema_conformance
 
-    engine, url = server
     with urllib.request.urlopen(f"{url}/docs.json", timeout=10) as r:
         spec = json.loads(r.read())
-    names = {"type": "string", "enum": ["tiny-chat:7", "tiny-chat@champion", "tiny-chat", "gpt-4o"]}
+    names = {"type": "string", "enum": model_names}
     for request in ("CompletionRequest", "ChatCompletionRequest"):
         spec["components"]["schemas"][request]["properties"]["model"] = names
     for param in spec["paths"]["/v1/models/{model}"]["get"]["parameters"]:
@@ -324,10 +334,10 @@ def test_schemathesis_finds_no_server_error_and_only_openai_shaped_errors(server
                 continue
 
             @given(case=op.as_strategy(generation_mode=mode))
-            @settings(max_examples=60, deadline=None, phases=[Phase.generate], database=None,
+            @settings(max_examples=max_examples, deadline=None, phases=[Phase.generate], database=None,
                       suppress_health_check=list(HealthCheck), derandomize=True)
             def check(case):
-                response = case.call(base_url=url, timeout=60)
+                response = case.call(base_url=url, timeout=60, headers=headers)
                 key = (mode.value, op.method.upper(), op.path, response.status_code)
                 seen[key] = seen.get(key, 0) + 1
                 where = f"{key}: {case.body!r:.300}"
@@ -347,10 +357,8 @@ def test_schemathesis_finds_no_server_error_and_only_openai_shaped_errors(server
                 check()
             except hypothesis.errors.Unsatisfiable:
                 pass  # no invalid request exists for a route without parameters
-    print(f"\n{engine}: {sum(seen.values())} requests, " + ", ".join(f"{k}={v}" for k, v in sorted(seen.items())))
     assert not failures, "\n".join(failures[:10])
-    assert any(k[0] == "positive" and k[3] == 200 and "completions" in k[2] for k in seen)  # it reached the engine
-    assert any(k[0] == "negative" and k[3] == 400 for k in seen)
+    return seen
 
 
 # ---------------------------------------------------------------------------------------

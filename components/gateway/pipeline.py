@@ -256,7 +256,6 @@ def build_content_filter(cfg, metrics=None, load_classifier: bool = True) -> Con
 
 def load_registered_classifier(cfg, ref: str):
     """(InjectionClassifier, "name:version") for "name@alias" (or "name:version"); (None, None) if absent."""
-    from components.gateway.filter_model import InjectionClassifier
     from components.registry import ModelRegistry
 
     name, sep, alias = ref.partition("@")
@@ -276,6 +275,8 @@ def load_registered_classifier(cfg, ref: str):
             raise ValueError(f"{name} version {info.version} has no classifier.json")
         if not folder.exists():
             found.parent.rename(folder)
+    from components.gateway.filter_model import InjectionClassifier
+
     log.info("content filter: classifier %s:%s (%s)", name, info.version, ref)
     return InjectionClassifier.load(folder), f"{name}:{info.version}"
 
@@ -309,8 +310,10 @@ class RequestGate:
         return out
 
     # ---- prompts ------------------------------------------------------------------------
-    async def screen_prompts(self, texts: list[str]) -> list[str]:
-        """PII (redact or block) then the content filter (block or annotate) on the prompt texts."""
+    async def screen_prompts(self, texts: list[str], untrusted: list[bool] | None = None) -> list[str]:
+        """PII (redact or block) on every prompt text, then the content filter (block or
+        annotate) on the untrusted ones (default all; chat: the user's messages, not the
+        system/developer prompt the application wrote)."""
         g = self.gateway
         if g.pii is not None and g.config.pii.mode != "off" and texts:
             results = await _redact_all(g.pii, texts)
@@ -321,8 +324,9 @@ class RequestGate:
                 raise PiiDetected("The prompt contains personal data or secrets "
                                   f"({', '.join(sorted(set(found)))}); remove them and retry.")
             texts = [text for text, _ in results]
-        if g.filter is not None and g.config.filter.prompts != "off" and texts:
-            verdicts = await self.check_content(texts, "prompt")
+        checked = [t for t, u in zip(texts, untrusted or [True] * len(texts)) if u]
+        if g.filter is not None and g.config.filter.prompts != "off" and checked:
+            verdicts = await self.check_content(checked, "prompt")
             flagged = [v for v in verdicts if v.flagged]
             if flagged and g.config.filter.prompts == "block":
                 cats = sorted({c for v in flagged for c in v.flagged_categories()})

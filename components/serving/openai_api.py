@@ -169,14 +169,45 @@ class Usage(BaseModel):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "content_filter"]
+
+
+class ContentFilterResults(BaseModel):
+    """The gateway's output filter (gateway.filter.outputs: annotate | block), Azure OpenAI's field name."""
+
+    flagged: bool
+    categories: list[str]
+    rules: list[str]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: None = None
 
 
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason
+    content_filter_results: ContentFilterResults | None = None
 
 
 class Completion(BaseModel):
@@ -198,8 +229,9 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
+    content_filter_results: ContentFilterResults | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -878,7 +910,7 @@ async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
     if isinstance(body, ChatCompletionRequest):
         texts = [m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
                  for m in body.messages]
-        screened = await gate.screen_prompts(texts)
+        screened = await gate.screen_prompts(texts, [m.role == "user" for m in body.messages])
         if screened == texts:
             return body
         messages = [m if new == old else m.model_copy(update={"content": new})
