@@ -284,6 +284,11 @@ class FilterConfig(Section):
     on_missing_classifier: Literal["rules_only", "fail"] = "rules_only"
     threshold: float | None = Field(None, ge=0.0, le=1.0)  # None: the one chosen at training
     prompts: Switch("block", "annotate", "off") = "block"  # block: 400 content_filter
+    # What a flag of the classifier alone (no rule matched) does to a prompt or an answer:
+    # annotate (counted, logged, reported by /v1/moderations; the request goes on) or block.
+    # annotate by default: trained on the 546-row set, it flags ~half of a list of everyday
+    # prompts outside that set (the filter flow reports it as everyday_fpr).
+    classifier_action: Switch("block", "annotate") = "annotate"
     outputs: Switch("off", "annotate", "block") = "annotate"
     # /v1/moderations and prompt checks batch their classifier work.
     max_batch_size: int = Field(32, ge=1)

@@ -43,7 +43,9 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
                 async with get_client() as c:
                     d = await c.read_deployment_by_name("training/training")
                     autos = await c.read_automations()
+                    f = await c.read_deployment_by_name("filter-training/filter-training")
                     print(json.dumps({
+                        "filter": [f.entrypoint, [s.schedule.cron for s in f.schedules]],
                         "id": str(d.id), "pool": d.work_pool_name, "entrypoint": d.entrypoint,
                         "crons": [s.schedule.cron for s in d.schedules],
                         "params": d.parameters,
@@ -55,6 +57,7 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
         assert info["entrypoint"] == "flows/training.py:training_flow"
         assert info["crons"] == ["0 3 * * 1"]
         assert ["tuneloop.retrain.requested"] in info["expects"]
+        assert info["filter"] == ["flows/filter.py:filter_training_flow", ["0 4 1 * *"]]
 
         # The monitoring flow's event starts a training run (no worker: it stays scheduled).
         py("""

@@ -32,6 +32,11 @@ class Verdict:
     categories: dict[str, bool]
     scores: dict[str, float]
     rules: list[str] = field(default_factory=list)  # ids of the rules that matched
+    classifier_flagged: bool = False  # the classifier's score reached its threshold
+
+    def blocks(self, classifier_action: str) -> bool:
+        """Whether this verdict refuses: any rule match; a classifier flag when it may block."""
+        return bool(self.rules) or (self.classifier_flagged and classifier_action == "block")
 
     def flagged_categories(self) -> list[str]:
         return [c for c, v in self.categories.items() if v]
@@ -119,7 +124,8 @@ class ContentFilter:
         matched = self.rules.match(text)
         for _, cat in matched:
             categories[cat], scores[cat] = True, 1.0
+        by_classifier = injection_score is not None and injection_score >= self.threshold
         if injection_score is not None:
             scores[INJECTION] = max(scores[INJECTION], float(injection_score))
-            categories[INJECTION] = categories[INJECTION] or injection_score >= self.threshold
-        return Verdict(any(categories.values()), categories, scores, [rid for rid, _ in matched])
+            categories[INJECTION] = categories[INJECTION] or by_classifier
+        return Verdict(any(categories.values()), categories, scores, [rid for rid, _ in matched], by_classifier)

@@ -327,7 +327,7 @@ class RequestGate:
         checked = [t for t, u in zip(texts, untrusted or [True] * len(texts)) if u]
         if g.filter is not None and g.config.filter.prompts != "off" and checked:
             verdicts = await self.check_content(checked, "prompt")
-            flagged = [v for v in verdicts if v.flagged]
+            flagged = [v for v in verdicts if v.blocks(g.config.filter.classifier_action)]
             if flagged and g.config.filter.prompts == "block":
                 cats = sorted({c for v in flagged for c in v.flagged_categories()})
                 raise ContentFiltered(f"The prompt was flagged by the content filter ({', '.join(cats)}) and was "
@@ -396,9 +396,9 @@ class RequestGate:
             return None
         return await self.check_content(texts, "output")
 
-    @property
-    def output_mode(self) -> str:
-        return self.gateway.config.filter.outputs if self.gateway.filter is not None else "off"
+    def output_blocked(self, verdict: Verdict) -> bool:
+        f = self.gateway.config.filter
+        return self.gateway.filter is not None and f.outputs == "block" and verdict.blocks(f.classifier_action)
 
 
 async def _redact_all(pii, texts: list[str]) -> list[tuple[str, list[str]]]:

