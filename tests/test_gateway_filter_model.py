@@ -215,3 +215,21 @@ def test_default_method_beats_the_baseline_on_the_held_out_split(trained, baseli
     assert ours["recall"] >= 0.85 and ours["fpr"] <= 0.10
     assert ours["roc_auc"] >= base["roc_auc"] + 0.02
     assert ours["recall"] >= base["recall"] + 0.05
+
+
+@needs_data
+@pytest.mark.slow
+def test_finetune_method_saves_its_encoder(split, tmp_path):
+    """The fine-tuning path end to end on a small slice (one short epoch, 2 folds): the folder
+    carries the encoder, and the reloaded classifier scores identically."""
+    train, _ = split
+    small = pd.concat([train[train.label == 1].head(30), train[train.label == 0].head(30)])
+    clf = fm.train_classifier(small, TARGET_FPR, SEED, {"method": "finetune", "epochs": 1, "finetune_oof_folds": 2,
+                                                        "train_max_seq_length": 64, "segments": False})
+    assert clf.method == "finetune" and clf.info["encoder_finetuned"]
+    folder = clf.save(tmp_path / "ft")
+    assert (folder / "encoder" / "modules.json").exists()
+    assert json.loads((folder / "classifier.json").read_text())["encoder"] == {"kind": "directory", "path": "encoder"}
+    loaded = fm.InjectionClassifier.load(folder)
+    texts = INJECTIONS + BENIGN
+    np.testing.assert_allclose(loaded.scores(texts), clf.scores(texts), rtol=0, atol=1e-6)
