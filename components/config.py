@@ -248,6 +248,9 @@ class PiiConfig(Section):
     # at least the longest entity that must not leak in parts (words longer than this are
     # held until they end, whatever their length).
     holdback_chars: int = Field(64, ge=48)  # a spaced IBAN is up to 42 characters
+    # Streams: analyse the held text once it grew by this many characters (each analysis
+    # costs ~2.5 ms of CPU when the pre-screen lets it through).
+    stream_step_chars: int = Field(64, ge=1)
     # A blank spaCy pipeline on disk (tokenizer only, no model download). None: made once
     # under <home>/gateway/spacy-blank-en.
     spacy_model_dir: Path | None = None
@@ -289,6 +292,10 @@ class FilterConfig(Section):
     # annotate by default: trained on the 546-row set, it flags ~half of a list of everyday
     # prompts outside that set (the filter flow reports it as everyday_fpr).
     classifier_action: Switch("block", "annotate") = "annotate"
+    # Answers are checked by the rules; by the classifier too only when this is on (it is a
+    # prompt-injection detector, and one encoder pass per answer sentence costs as much CPU
+    # as the tiny demo model's generation: measured in benchmarks/gateway.py).
+    classify_outputs: bool = False
     outputs: Switch("off", "annotate", "block") = "annotate"
     # /v1/moderations and prompt checks batch their classifier work.
     max_batch_size: int = Field(32, ge=1)

@@ -110,10 +110,11 @@ class ContentFilter:
             self.batcher = MicroBatcher(lambda texts: list(classifier.scores(texts)), max_batch_size,
                                         max_latency_ms / 1000, on_batch)
 
-    async def check(self, texts: Sequence[str]) -> list[Verdict]:
-        """A verdict per text. Raises TimeoutError or the classifier's error: the caller fails closed."""
+    async def check(self, texts: Sequence[str], classify: bool = True) -> list[Verdict]:
+        """A verdict per text (classify=False: the rules only). Raises TimeoutError or the
+        classifier's error: the caller fails closed."""
         scores = [None] * len(texts)
-        if self.batcher is not None and texts:
+        if self.batcher is not None and texts and classify:
             async with asyncio.timeout(self.timeout_s):
                 scores = await self.batcher.run(list(texts))
         return [self._verdict(text, score) for text, score in zip(texts, scores)]

@@ -16,6 +16,8 @@ the cache and, in `open` mode, the shared limits degrade when Redis is away.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from typing import Any, Callable
 
@@ -93,6 +95,12 @@ class Gateway:
         self.filter = content_filter
         self.metrics = metrics or _NoMetrics()
         self.health = health
+        # What the screening of a prompt depends on (PII and filter settings, the rules' and the
+        # classifier's versions): part of every cache key, so a cached answer is replayed only
+        # for a request that passed the same screening (and a hit can skip it).
+        policy = [config.pii.model_dump(mode="json"), config.filter.model_dump(mode="json"),
+                  content_filter.model_id if content_filter is not None else None, pii is not None]
+        self.policy_id = hashlib.sha256(json.dumps(policy, sort_keys=True, default=str).encode()).hexdigest()[:16]
         self._tasks: set[asyncio.Task] = set()  # refunds in flight (strong references)
 
     # ---- building it from config ------------------------------------------------------
@@ -334,9 +342,9 @@ class RequestGate:
                                       "not processed.")
         return texts
 
-    async def check_content(self, texts: list[str], where: str) -> list[Verdict]:
+    async def check_content(self, texts: list[str], where: str, classify: bool = True) -> list[Verdict]:
         try:
-            verdicts = await self.gateway.filter.check(texts)
+            verdicts = await self.gateway.filter.check(texts, classify)
         except Exception as exc:  # the classifier failed or timed out: refuse, never pass unchecked
             log.error("content filter failed: %s: %s", type(exc).__name__, exc)
             raise GuardUnavailable("the content filter could not check this request; retry shortly") from None
@@ -350,7 +358,7 @@ class RequestGate:
         if self.gateway.cache is None or not cacheable(body):
             self.cache_status = "miss" if self.gateway.cache is not None else None
             return None
-        return cache_key(self.tenant, model_id, route, body)
+        return cache_key(self.tenant, f"{model_id}|policy:{self.gateway.policy_id}", route, body)
 
     async def cache_get(self, key: str | None) -> dict | None:
         if key is None:
@@ -381,7 +389,8 @@ class RequestGate:
         g = self.gateway
         if g.pii is None or g.config.pii.outputs == "off":
             return None
-        return _CountingRedactor(g.pii.stream(), lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
+        return _CountingRedactor(g.pii.stream(g.config.pii.stream_step_chars),
+                                 lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
 
     async def redact_output(self, texts: list[str]) -> list[str]:
         """Whole output texts (e.g. an echoed prompt) through the output redaction."""
@@ -394,7 +403,7 @@ class RequestGate:
         g = self.gateway
         if g.filter is None or g.config.filter.outputs == "off":
             return None
-        return await self.check_content(texts, "output")
+        return await self.check_content(texts, "output", classify=g.config.filter.classify_outputs)
 
     def output_blocked(self, verdict: Verdict) -> bool:
         f = self.gateway.config.filter

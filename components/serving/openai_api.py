@@ -987,11 +987,14 @@ def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: b
 async def create_completion(server: OpenAIServer, body: CompletionRequest, request: Request):
     _check_model(server, body.model)
     gate = gate_of(request)
-    body = await _screen(gate, server, body)
+    # The cache first: a hit is an answer to this very request after the same screening
+    # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
+    key, hit = await _cached(gate, server, body, "completions")
+    if hit is None:
+        body = await _screen(gate, server, body)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
-    key, hit = await _cached(gate, server, body, "completions")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=False)
@@ -1044,11 +1047,14 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
 async def create_chat_completion(server: OpenAIServer, body: ChatCompletionRequest, request: Request):
     _check_model(server, body.model)
     gate = gate_of(request)
-    body = await _screen(gate, server, body)
+    # The cache first: a hit is an answer to this very request after the same screening
+    # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
+    key, hit = await _cached(gate, server, body, "chat")
+    if hit is None:
+        body = await _screen(gate, server, body)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
-    key, hit = await _cached(gate, server, body, "chat")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=True)

@@ -1,0 +1,280 @@
+"""Gateway benchmark: what auth + limits + PII + content filter cost, what the cache buys,
+and /v1/moderations batched vs one at a time.
+
+    python benchmarks/gateway.py              # 128 requests, 32 concurrent clients, 3 rounds
+    python benchmarks/gateway.py --quick      # 64 requests, 2 rounds
+    python benchmarks/gateway.py --model-dir .tuneloop/models/smollm2-135m-instruct
+
+One run, side by side, the same seeded workload as benchmarks/serving.py (chat rows,
+greedy, streamed) against `bentoml serve` with the slots engine, three ways:
+  off    the gateway off (no key, no limits, no PII, no filter, no cache);
+  on     everything on, cache off: a key checked per request, limits in a real Redis
+         (started here on 127.0.0.1), PII redaction of prompts and of streamed outputs,
+         rules + the classifier on every prompt and output (the classifier trained first
+         by `tuneloop filter train` with the quick baseline method, loaded by alias);
+  cache  as `on` with the result cache: 40 % of the requests were answered once before
+         the round (the seed's hit rate), the rest are new. Each round uses a fresh seed,
+         so no round reuses another's answers.
+Rounds go round-robin over the systems; each system's median round is reported.
+
+Targets: on/off output tok/s >= 0.95 (gateway cost <= 5 %); cache/on >= 0.95 of the
+Amdahl bound 1/(1 - 0.4); cache-hit latency p50 (client-measured, an upper bound of the
+server's); /v1/moderations texts/s at batch 1 (sequential) vs batched (64 concurrent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from benchmarks.serving import (  # noqa: E402
+    DATA,
+    MODEL_NAME,
+    Client,
+    build_workload,
+    measured,
+    median_of,
+    print_system,
+    resolve_model,
+    run_workload,
+    send_chat_stream,
+    summarize,
+    wait_until_quiet,
+)
+from tests.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
+
+HIT_RATE = 0.4
+INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"
+
+
+def cache_hits(url: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('tuneloop_gateway_cache_total{result="hit"}'):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="64 requests, 2 rounds")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--min-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-dir", type=Path, help="model folder (default: the bootstrap base model)")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--wait-quiet", type=float, default=60.0)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.num_requests, args.rounds = 64, 2
+    args.request_rate = float("inf")
+    model_dir = resolve_model(args)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    requests = build_workload(args.data, tokenizer, args.num_requests, args.min_tokens, args.max_tokens, args.seed)
+    work = Path(tempfile.mkdtemp(prefix="tuneloop-gateway-bench-"))
+    results: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        with ExitStack() as stack:
+            redis_url = stack.enter_context(redis_server(work))
+            base_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
+            base_env.update({"TUNELOOP_HOME": str(work / "home"), "BENTOML_HOME": str(work / "bentoml"),
+                             "PREFECT_HOME": str(work / "prefect"),
+                             "TUNELOOP_SERVE_MODEL_DIR": str(model_dir), "TUNELOOP_SERVE_MODEL_NAME": MODEL_NAME,
+                             "TUNELOOP_SERVE_ENGINE": "slots"})
+            if args.num_threads:
+                base_env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
+            classifier = INJECTIONS.exists()
+            if classifier:
+                print("training the filter classifier (baseline method: the serving cost is the same encoder)...",
+                      flush=True)
+                t = time.perf_counter()
+                out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json"],
+                                     env={**base_env, "TUNELOOP__GATEWAY__FILTER_TRAINING": json.dumps(
+                                         {"train_path": str(INJECTIONS), "params": {"method": "baseline"}})},
+                                     capture_output=True, text=True, cwd=ROOT)
+                if out.returncode != 0:
+                    raise SystemExit(f"filter train failed:\n{(out.stdout + out.stderr)[-3000:]}")
+                print(f"  trained and promoted in {time.perf_counter() - t:.0f} s", flush=True)
+            else:
+                print(f"{INJECTIONS} absent: the filter runs its rules only", flush=True)
+            key = json.loads(subprocess.run(
+                [sys.executable, "-m", "components.cli", "keys", "create", "--name", "bench", "--tier", "enterprise",
+                 "--json"], env=base_env, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["key"]
+            on_env = {"TUNELOOP_REDIS_URL": redis_url, "TUNELOOP__GATEWAY__CACHE": "{enabled: false}"}
+            systems = {
+                "off": {**GATEWAY_OFF},
+                "on": on_env,
+                "cache": {"TUNELOOP_REDIS_URL": redis_url, "TUNELOOP__GATEWAY__CACHE": "{enabled: true}"},
+            }
+            urls, pids = {}, {}
+            for name, extra in systems.items():
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
+                       "--port", str(port)]
+                print(f"{name}: starting bentoml serve on {url} ...", flush=True)
+                proc = stack.enter_context(service(cmd, f"{url}/readyz", work / f"serve-{name}.log",
+                                                   env={**base_env, **extra}, timeout=300, cwd=ROOT))
+                urls[name], pids[name] = url, proc.pid
+            headers = {"Authorization": f"Bearer {key}"}
+
+            def run_round(name: str, reqs, seed: int):
+                async def send(client, req):
+                    return await send_chat_stream_seeded(client, req, seed)
+
+                async def go():
+                    client = Client(urls[name], None if name == "off" else headers)
+                    try:
+                        return await run_workload(reqs, lambda r: send(client, r), args.concurrency,
+                                                  args.request_rate, args.seed, name)
+                    finally:
+                        await client.close()
+
+                return asyncio.run(go())
+
+            rng = random.Random(args.seed)
+            rounds: dict[str, list[dict]] = {n: [] for n in systems}
+            hit_rates = []
+            for r in range(1, args.rounds + 1):
+                for name in systems:
+                    wait_until_quiet(args.wait_quiet)
+                    seed = 1000 * r + list(systems).index(name)  # fresh cache keys every round (greedy: same tokens)
+                    if name == "cache":
+                        warm = rng.sample(requests, int(HIT_RATE * len(requests)))
+                        run_round(name, warm, seed)  # answered once before the round: these hit
+                        before = cache_hits(urls[name])
+                    extra: dict = {}
+                    with measured(extra, pids[name]):
+                        res, duration = run_round(name, requests, seed)
+                    if name == "cache":
+                        hit_rates.append((cache_hits(urls[name]) - before) / len(requests))
+                        extra["notes"] = [f"cache hits this round: {hit_rates[-1]:.0%}"]
+                    rounds[name].append(summarize(f"gateway {name}", requests, res, duration, extra))
+                    print(f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s",
+                          flush=True)
+            summaries = {n: median_of(rs) for n, rs in rounds.items()}
+            for s in summaries.values():
+                print_system(s)
+
+            # cache-hit latency, one request at a time on a quiet server
+            hit_ms = asyncio.run(hit_latency(urls["cache"], headers, requests[:20]))
+            moderation = asyncio.run(moderation_throughput(urls["on"], headers))
+
+        off, on, cache = (summaries[n]["output_throughput"] for n in ("off", "on", "cache"))
+        bound = 1 / (1 - statistics.mean(hit_rates)) if hit_rates else 1 / (1 - HIT_RATE)
+        print("\n" + "=" * 80)
+        print(f" gateway cost: on/off = {on / off:.3f} (cost {1 - on / off:+.1%}; target <= 5 %) "
+              f"{'MET' if on / off >= 0.95 else 'MISSED'}")
+        print(f" cache: cache/on = {cache / on:.2f}x at a {statistics.mean(hit_rates):.0%} hit rate; Amdahl bound "
+              f"{bound:.2f}x; {cache / on / bound:.2f} of it (target >= 0.95) "
+              f"{'MET' if cache / on / bound >= 0.95 else 'MISSED'}")
+        print(f" cache hit latency p50 {hit_ms['p50']:.1f} ms (client, sequential; p95 {hit_ms['p95']:.1f} ms)")
+        print(f" /v1/moderations: batch 1 {moderation['sequential_per_s']:.1f} texts/s (p50 "
+              f"{moderation['sequential_p50_ms']:.1f} ms); batched {moderation['batched_per_s']:.1f} texts/s (p50 "
+              f"{moderation['batched_p50_ms']:.1f} ms, {moderation['concurrency']} in flight) = "
+              f"{moderation['batched_per_s'] / moderation['sequential_per_s']:.2f}x")
+        print("=" * 80)
+        results.update(summaries=summaries, hit_rates=hit_rates, hit_latency_ms=hit_ms, moderation=moderation,
+                       ratios={"on_over_off": on / off, "cache_over_on": cache / on, "amdahl_bound": bound})
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2, default=str))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def send_chat_stream_seeded(client: Client, req, seed: int):
+    """send_chat_stream with a seed in the body: greedy tokens are the same, cache keys are fresh."""
+    original = client.post
+
+    async def post(path, payload):
+        return await original(path, {**payload, "seed": seed})
+
+    client.post = post
+    try:
+        return await send_chat_stream(client, req)
+    finally:
+        client.post = original
+
+
+async def hit_latency(url: str, headers: dict, reqs) -> dict:
+    import numpy as np
+
+    client = Client(url, headers)
+    times = []
+    try:
+        for req in reqs:
+            body = {"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
+                    "seed": 7}
+            for attempt in range(2):  # the first answers and fills the cache, the second is a hit
+                t = time.perf_counter()
+                status, pieces = await client.post("/v1/chat/completions", body)
+                [p async for p in pieces]
+                if attempt == 1 and status == 200:
+                    times.append((time.perf_counter() - t) * 1000)
+    finally:
+        await client.close()
+    return {"p50": float(np.percentile(times, 50)), "p95": float(np.percentile(times, 95)), "n": len(times)}
+
+
+async def moderation_throughput(url: str, headers: dict, n: int = 192, concurrency: int = 64) -> dict:
+    import numpy as np
+    import pandas as pd
+
+    texts = (pd.read_parquet(INJECTIONS).text.tolist() if INJECTIONS.exists() else
+             [f"sample text number {i} to classify" for i in range(n)])[:n]
+
+    async def one(client, text):
+        t = time.perf_counter()
+        status, pieces = await client.post("/v1/moderations", {"input": text})
+        [p async for p in pieces]
+        assert status == 200, status
+        return (time.perf_counter() - t) * 1000
+
+    client = Client(url, headers)
+    try:
+        t = time.perf_counter()
+        seq = [await one(client, x) for x in texts]
+        seq_s = time.perf_counter() - t
+        gate = asyncio.Semaphore(concurrency)
+
+        async def limited(x):
+            async with gate:
+                return await one(client, x)
+
+        t = time.perf_counter()
+        par = await asyncio.gather(*(limited(x) for x in texts))
+        par_s = time.perf_counter() - t
+    finally:
+        await client.close()
+    return {"sequential_per_s": len(texts) / seq_s, "sequential_p50_ms": float(np.percentile(seq, 50)),
+            "batched_per_s": len(texts) / par_s, "batched_p50_ms": float(np.percentile(par, 50)),
+            "concurrency": concurrency, "texts": len(texts)}
+
+
+if __name__ == "__main__":
+    main()
