@@ -926,11 +926,8 @@ async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
     screened = await gate.screen_prompts(texts)
     if screened == texts:
         return body
-    # A redacted token-id prompt becomes text (its ids no longer say what the model sees).
-    new = [s if s != t else item for item, s, t in zip(items, screened, texts)]
-    if not all(isinstance(x, str) for x in new):
-        new = [x if isinstance(x, str) else t for x, t in zip(new, screened)]
-    return body.model_copy(update={"prompt": new[0] if single else new})
+    # Redacted, a token-id prompt becomes text (its ids no longer say what the model sees).
+    return body.model_copy(update={"prompt": screened[0] if single else screened})
 
 
 async def _cached(gate: RequestGate | None, server: OpenAIServer, body, route: str):
