@@ -444,6 +444,9 @@ def test_cache_hits_only_for_the_same_tenant_model_version_and_deterministic_req
         # seeded ones are deterministic: cached
         seeded = [await post(a, temperature=1.0, seed=5) for _ in range(2)]
         assert [r.headers["x-cache"] for r in seeded] == ["miss", "hit"]
+        with_logprobs = [await post(a, logprobs=0) for _ in range(2)]  # not replayed: rendered per token
+        assert [r.headers["x-cache"] for r in with_logprobs] == ["miss", "miss"]
+        assert with_logprobs[1].json()["choices"][0]["logprobs"]["tokens"]
         # a new model version: the old answers are not served
         apps[0].state.server.served.version = "4"
         assert (await post(a, model="tiny")).headers["x-cache"] == "miss"
@@ -654,6 +657,9 @@ def test_pii_in_outputs_is_redacted_also_when_split_across_stream_chunks(loaded,
         with pytest.raises(openai.BadRequestError) as e:  # token texts would bypass the redaction
             await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                  logprobs=True)
+        assert e.value.param == "logprobs"
+        with pytest.raises(openai.BadRequestError) as e:  # logprobs=0 still returns each token's text
+            await client.completions.create(model="tiny", prompt="x", logprobs=0)
         assert e.value.param == "logprobs"
 
     run_gateway(loaded, cfg, test, backend=model)

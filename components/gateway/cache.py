@@ -31,7 +31,8 @@ IGNORED = {"model", "stream", "stream_options", "user", "metadata", "store", "se
 
 def cacheable(body: dict[str, Any]) -> bool:
     """Deterministic requests only; logprobs are not replayed (they are rendered per token)."""
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+    logprobs = body.get("logprobs")  # completions: 0-5 (0 still asks for them), chat: a bool
+    if (logprobs is not None and logprobs is not False) or body.get("top_logprobs") is not None:
         return False
     temperature = body.get("temperature")
     return temperature == 0 or body.get("seed") is not None
