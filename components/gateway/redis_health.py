@@ -33,8 +33,10 @@ class RedisHealth:
 
         self.url = url
         self.timeout_s = timeout_s
+        # No cap on pooled connections: a capped pool raises at once when a burst exceeds it,
+        # and a burst must not look like a Redis failure to the breaker.
         self.client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                     retry=Retry(NoBackoff(), 0), decode_responses=True, max_connections=256)
+                                     retry=Retry(NoBackoff(), 0), decode_responses=True)
         self.failures_to_open = failures
         self.reset_s = reset_s
         self.on_change = on_change
