@@ -84,7 +84,8 @@ def test_the_flow_trained_registered_and_promoted_the_classifier(stack):
     assert t["metrics"]["roc_auc"] > 0.85 and t["baseline"]["roc_auc"] > 0.8
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{stack['tmp'] / 'home' / 'mlflow.db'}")
+    uri = f"sqlite:///{stack['tmp'] / 'home' / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)  # explicit: an earlier test may have set a global registry URI
     run = client.get_run(t["run_id"])
     assert run.data.metrics["recall"] == pytest.approx(t["metrics"]["recall"])
     assert "baseline.recall" in run.data.metrics
