@@ -10,7 +10,6 @@ compares like with like.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +163,3 @@ def promote_filter(cfg: TuneloopConfig, version: str, blessing, champion_version
 def numeric(metrics: dict) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
 
-
-def to_json(result: FilterTrainingResult) -> str:
-    return json.dumps({"method": result.method, "metrics": result.metrics, "baseline": result.baseline,
-                       "seconds": result.seconds}, default=float)
