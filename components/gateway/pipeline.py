@@ -384,19 +384,23 @@ class RequestGate:
             self.gateway.spawn(self.gateway.limiter.refund(self.key.id, self.gateway.limits_for(self.key), unused))
 
     # ---- outputs ------------------------------------------------------------------------
+    @property
+    def redacts_outputs(self) -> bool:
+        return self.gateway.pii is not None and self.gateway.config.pii.outputs != "off"
+
     def output_redactor(self):
         """A per-choice stream redactor (add(delta) -> safe text, flush()), or None."""
         g = self.gateway
-        if g.pii is None or g.config.pii.outputs == "off":
+        if not self.redacts_outputs:
             return None
         return _CountingRedactor(g.pii.stream(g.config.pii.stream_step_chars),
                                  lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
 
     async def redact_output(self, texts: list[str]) -> list[str]:
         """Whole output texts (e.g. an echoed prompt) through the output redaction."""
-        g = self.gateway
-        if g.pii is None or g.config.pii.outputs == "off":
+        if not self.redacts_outputs:
             return texts
+        g = self.gateway
         return [text for text, _ in await _redact_all(g.pii, texts)]
 
     async def check_output(self, texts: list[str]) -> list[Verdict] | None:

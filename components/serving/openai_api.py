@@ -904,7 +904,7 @@ async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
     text of the prompt; returns the body the model sees (redacted)."""
     if gate is None:
         return body
-    if gate.output_redactor() is not None and body.logprobs is not None and body.logprobs is not False:
+    if gate.redacts_outputs and body.logprobs is not None and body.logprobs is not False:
         raise InvalidRequest("logprobs are not available while the gateway redacts outputs (gateway.pii.outputs: "
                              "redact): token texts would bypass the redaction", param="logprobs")
     if isinstance(body, ChatCompletionRequest):
