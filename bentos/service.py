@@ -120,6 +120,11 @@ class TuneloopLLM:
 
         self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
         app.state.gateway = self.gateway
+        # Every finished /v1 request, redacted, written off the event loop (components/requestlog).
+        from components.requestlog.writer import RequestLogMetrics, open_request_log
+
+        self.request_log = open_request_log(CONFIG, self.gateway.pii, RequestLogMetrics())
+        app.state.request_log = self.request_log
         self.server: OpenAIServer | None = None
 
         def on_batch(size: int) -> None:
@@ -200,6 +205,8 @@ class TuneloopLLM:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         await self.gateway.close()
+        if self.request_log is not None:  # what is buffered is written before the process exits
+            await asyncio.to_thread(self.request_log.close)
 
     if SERVING.engine == "adaptive":  # the other engines have no batch route at all
         @bentoml.api(

@@ -31,6 +31,8 @@ app.add_typer(registry_app, name="registry")
 filter_app = typer.Typer(help="The content filter's classifier: train, evaluate, bless, promote.",
                          no_args_is_help=True)
 app.add_typer(filter_app, name="filter")
+logs_app = typer.Typer(help="The request log: every finished /v1 request, redacted; feedback.", no_args_is_help=True)
+app.add_typer(logs_app, name="logs")
 keys_app = typer.Typer(help="API keys of the gateway: create (shown once), list, revoke.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -390,6 +392,117 @@ def keys_revoke(key_id: str = typer.Argument(..., help="The key's id (tuneloop k
     except KeyStoreError as exc:
         _fail(str(exc), code=1)
     console.print(f"revoked key {record.id} ({record.name})")
+
+
+def _log_records(cfg, stream: str, since: Optional[str], until: Optional[str] = None) -> list[dict]:
+    from components.requestlog.store import LogError, parse_since, read_records
+
+    try:
+        return read_records(cfg.request_log.url, cfg.home, stream, parse_since(since), parse_since(until))
+    except LogError as exc:
+        _fail(str(exc))
+
+
+StreamOption = typer.Option("requests", "--stream", help="requests or feedback.")
+
+
+@logs_app.command("tail")
+def logs_tail(
+    n: int = typer.Option(20, "-n", "--lines", help="How many of the latest records."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only after this: 15m, 2h, 7d or an ISO time."),
+    stream: str = StreamOption,
+    as_json: bool = typer.Option(False, "--json", help="One JSON record per line."),
+    config: Optional[Path] = ConfigOption,
+):
+    """The latest logged requests (or feedback), oldest first."""
+    cfg = _load(config)
+    records = _log_records(cfg, stream, since)[-n:] if n > 0 else []
+    if as_json:
+        for r in records:
+            typer.echo(json.dumps(r, ensure_ascii=False))
+        return
+    from rich.table import Table
+
+    if stream == "feedback":
+        table = Table(title=f"feedback ({len(records)})")
+        for col in ("time", "request", "key", "rating", "correction"):
+            table.add_column(col)
+        for r in records:
+            table.add_row(r.get("time", ""), r.get("request_id", ""), r.get("key_id") or "-", str(r.get("rating")),
+                          _short(r.get("correction")))
+    else:
+        table = Table(title=f"requests ({len(records)})")
+        for col in ("time", "request", "route", "status", "key", "model", "tokens", "ttft", "latency", "cache"):
+            table.add_column(col)
+        for r in records:
+            status = str(r.get("status")) + (f" {r['error_code']}" if r.get("error_code") else "")
+            tokens = f"{r.get('prompt_tokens') or 0}+{r.get('completion_tokens') or 0}" if r.get("prompt_tokens") else "-"
+            table.add_row(r.get("time", ""), r.get("request_id", ""), r.get("route", ""), status, r.get("key_id") or "-",
+                          f"{r.get('model') or '-'}:{r.get('model_version') or '-'}", tokens, _secs(r.get("ttft_s")),
+                          _secs(r.get("latency_s")), r.get("cache") or "-")
+    console.print(table if records else f"no {stream} logged yet (request log: {_log_location(cfg)})")
+
+
+def _short(text, n: int = 40) -> str:
+    if text is None:
+        return "-"
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def _secs(value) -> str:
+    return "-" if value is None else f"{value * 1000:.0f} ms"
+
+
+def _log_location(cfg) -> str:
+    from components.requestlog.store import describe
+
+    return describe(cfg.request_log.url, cfg.home)
+
+
+@logs_app.command("export")
+def logs_export(
+    since: Optional[str] = typer.Option(None, "--since", help="From: 15m, 2h, 7d or an ISO time (default: all)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Up to (not including): a duration back or ISO time."),
+    stream: str = StreamOption,
+    fmt: str = typer.Option("jsonl", "--format", help="jsonl, csv or parquet."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="File to write (jsonl: default stdout)."),
+    config: Optional[Path] = ConfigOption,
+):
+    """Logged requests (or feedback) of a time window, for people and notebooks."""
+    from components.requestlog.store import LogError, write_export
+
+    cfg = _load(config)
+    records = _log_records(cfg, stream, since, until)
+    try:
+        n = write_export(records, output, fmt)
+    except LogError as exc:
+        _fail(str(exc))
+    if output is not None:
+        typer.echo(f"{n} {stream} records -> {output}", err=True)
+
+
+@logs_app.command("feedback-data")
+def logs_feedback_data(
+    output: Path = typer.Option(..., "--output", "-o", help="JSONL file of candidate training rows."),
+    since: Optional[str] = typer.Option(None, "--since", help="Feedback given since: 15m, 2h, 7d or an ISO time."),
+    validate: bool = typer.Option(False, "--validate", help="Run the rows through the training data gate."),
+    config: Optional[Path] = ConfigOption,
+):
+    """Corrected completions from feedback as training rows (the training set's format), with lineage."""
+    from components.requestlog.feedback import export_feedback_dataset
+    from components.requestlog.store import LogError, parse_since
+
+    cfg = _load(config)
+    try:
+        lineage = export_feedback_dataset(cfg, output, parse_since(since))
+    except LogError as exc:
+        _fail(str(exc))
+    rejected = ", ".join(f"{n} {why}" for why, n in lineage["rejected"].items()) or "none"
+    typer.echo(f"{lineage['rows']} candidate rows -> {output} (lineage: {output}.lineage.json; left out: {rejected})")
+    if validate and lineage["rows"]:
+        report = run_validation(cfg, _prepare(cfg, output, None))
+        console.print(report.summary())
+        raise typer.Exit(0 if report.success else 1)
 
 
 @app.command()

@@ -347,6 +347,22 @@ class GatewayConfig(Section):
     filter_training: FilterTrainingConfig = FilterTrainingConfig()
 
 
+class RequestLogConfig(Section):
+    """Every finished /v1 request recorded once (components/requestlog), redacted."""
+
+    enabled: bool = True
+    # Where: None: JSON Lines segments under <home>/requests; a folder or file:// URL; or a
+    # SQLAlchemy URL (sqlite:///..., postgresql+psycopg://user@host/db) for a shared database.
+    url: str | None = None
+    # The writer thread writes (and fsyncs) the buffer this often: what a crash can lose.
+    flush_interval_s: float = Field(1.0, gt=0, le=60)
+    segment_max_mb: float = Field(64.0, gt=0)  # JSONL segments: rotate at this size ...
+    segment_max_age_s: float = Field(3600.0, gt=0)  # ... or this age
+    # The prompt and completion texts: redacted (by the gateway, else by the writer with the
+    # same Presidio analyzer; if that cannot run, omitted) or omit (never written).
+    texts: Literal["redacted", "omit"] = "redacted"
+
+
 class ServingConfig(Section):
     """The OpenAI-compatible model server (bentos/service.py, engines in components/serving)."""
 
@@ -440,6 +456,7 @@ class TuneloopConfig(Section):
     blessing: BlessingConfig = BlessingConfig()
     serving: ServingConfig = ServingConfig()
     gateway: GatewayConfig = GatewayConfig()
+    request_log: RequestLogConfig = RequestLogConfig()
 
     # Where this config came from; relative paths in it resolve against base_dir.
     _source: Path | None = PrivateAttr(None)
@@ -483,6 +500,11 @@ class TuneloopConfig(Section):
     def runs_dir(self) -> Path:
         d = self.training.output_dir
         return self.resolve(d) if d else self.home / "runs"
+
+    @property
+    def request_log_spill_dir(self) -> Path:
+        """Where the request log writes when its database is down (read back with it)."""
+        return self.home / "requests-spill"
 
     @property
     def datasets_dir(self) -> Path:

@@ -6,7 +6,9 @@ registry), `tuneloop keys`, a real Redis, and two `bentoml serve` replicas shari
 - keys made and revoked with the CLI; /readyz, /livez, /metrics need none, /v1 does;
 - N requests released together across both replicas against a limit of L: exactly L pass;
 - the official SDK: moderations, a chat completion, a 429 as RateLimitError;
-- PII planted in prompts reaches neither the answers nor either server's log.
+- PII planted in prompts reaches neither the answers nor either server's log;
+- the request log: under concurrent load with a long flush interval, then SIGTERM while a
+  stream is in flight, every request the clients saw is in the log exactly once.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def stack(tmp_path_factory):
         with service(cmds[0], f"http://127.0.0.1:{ports[0]}/readyz", logs[0], env=serve_env, timeout=240, cwd=ROOT), \
                 service(cmds[1], f"http://127.0.0.1:{ports[1]}/readyz", logs[1], env=serve_env, timeout=240, cwd=ROOT):
             urls = [f"http://127.0.0.1:{p}" for p in ports]
-            yield {"env": env, "urls": urls, "logs": logs, "trained": trained, "tmp": tmp}
+            yield {"env": env, "urls": urls, "logs": logs, "trained": trained, "tmp": tmp, "serve_env": serve_env}
 
 
 def _last_json(stdout: str) -> dict:
@@ -191,3 +193,59 @@ def test_schemathesis_through_the_gateway(stack):
     print(f"\n{sum(seen.values())} requests: " + ", ".join(f"{k}={v}" for k, v in sorted(seen.items())))
     assert any(k[2] == "/v1/moderations" and k[3] == 200 for k in seen)
     assert any("completions" in k[2] and k[3] == 200 for k in seen)
+
+
+def test_request_log_is_complete_after_sigterm(stack):
+    """A third replica with a 60 s flush interval: nothing is written before SIGTERM, so
+    everything in the log after it exits was written by the graceful shutdown."""
+    import signal
+
+    import httpx
+
+    from components.requestlog.store import read_records
+
+    _, key = _key(stack["env"], "logged", "enterprise")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**stack["serve_env"], "TUNELOOP__REQUEST_LOG__FLUSH_INTERVAL_S": "60"}
+    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
+           "--port", str(port)]
+    h = {"Authorization": f"Bearer {key}"}
+    with service(cmd, f"{url}/readyz", stack["tmp"] / "serve-log.log", env=env, timeout=240, cwd=ROOT) as proc:
+        async def traffic():
+            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+                async def one(i):
+                    if i % 4 == 3:
+                        return await client.get(url + "/v1/models", headers=h if i % 8 == 3 else {})
+                    body = {"model": "tiny-chat", "max_tokens": 6, "temperature": 0.8,
+                            "messages": [{"role": "user", "content": f"question {i}"}], "stream": i % 2 == 0}
+                    return await client.post(url + "/v1/chat/completions", json=body, headers=h)
+
+                return await asyncio.gather(*(one(i) for i in range(48)))
+
+        responses = asyncio.run(traffic())
+        assert sorted({r.status_code for r in responses}) == [200, 401]
+        before = read_records(None, Path(env["TUNELOOP_HOME"]))
+        served_ids = [r.headers["x-request-id"] for r in responses]
+        assert not set(served_ids) & {r["request_id"] for r in before}, "written before the flush interval"
+        # one long stream in flight when SIGTERM arrives
+        with httpx.Client(timeout=60) as client:
+            with client.stream("POST", url + "/v1/chat/completions", headers=h, json={
+                    "model": "tiny-chat", "max_tokens": 200, "stream": True, "temperature": 0.8,
+                    "messages": [{"role": "user", "content": "tell a long story"}]}) as r:
+                late_id = r.headers["x-request-id"]
+                os.killpg(proc.pid, signal.SIGTERM)
+                body = "".join(r.iter_text())
+        assert proc.wait(timeout=60) is not None
+    records = read_records(None, Path(env["TUNELOOP_HOME"]))
+    ids = [r["request_id"] for r in records]
+    for rid in [*served_ids, late_id]:
+        assert ids.count(rid) == 1, f"{rid} logged {ids.count(rid)} times"
+    by_id = {r["request_id"]: r for r in records}
+    for r in responses:
+        rec = by_id[r.headers["x-request-id"]]
+        assert rec["status"] == r.status_code and rec["model"] == "tiny-chat" and rec["model_version"] == "7"
+    late = by_id[late_id]
+    print(f"\n{len(served_ids) + 1} requests, all logged once after SIGTERM; the in-flight stream: "
+          f"{late['completion_tokens']} tokens, finish {late['finish_reasons']}, error {late['error_code']}; "
+          f"client got [DONE]: {'[DONE]' in body}")

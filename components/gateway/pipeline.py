@@ -302,6 +302,12 @@ class RequestGate:
         self.decision: Decision | None = None  # the latest limiter decision (for the headers)
         self.cache_status: str | None = None
         self.reserved = 0
+        # What the prompt's screening found (the request log reads them): the entity types
+        # removed, the texts after screening (and whether they are redacted), the verdicts.
+        self.pii_found: list[str] = []
+        self.screened: list[str] | None = None
+        self.screened_redacted = False
+        self.prompt_verdicts: list[Verdict] | None = None
 
     @property
     def tenant(self) -> str:
@@ -328,13 +334,17 @@ class RequestGate:
             found = [e for _, entities in results for e in entities]
             for entity in found:
                 g.metrics.pii.labels(entity=entity, where="prompt").inc()
+            texts = [text for text, _ in results]
+            self.pii_found, self.screened, self.screened_redacted = found, texts, True
             if found and g.config.pii.mode == "block":
                 raise PiiDetected("The prompt contains personal data or secrets "
                                   f"({', '.join(sorted(set(found)))}); remove them and retry.")
-            texts = [text for text, _ in results]
+        else:
+            self.screened = texts
         checked = [t for t, u in zip(texts, untrusted or [True] * len(texts)) if u]
         if g.filter is not None and g.config.filter.prompts != "off" and checked:
             verdicts = await self.check_content(checked, "prompt")
+            self.prompt_verdicts = verdicts
             flagged = [v for v in verdicts if v.blocks(g.config.filter.classifier_action)]
             if flagged and g.config.filter.prompts == "block":
                 cats = sorted({c for v in flagged for c in v.flagged_categories()})
@@ -472,12 +482,12 @@ class GatewayMiddleware:
         if gateway is None:
             return await self.app(scope, receive, send)
         gate = RequestGate(gateway, None)
+        scope.setdefault("state", {})[STATE_KEY] = gate  # before auth: the request log reads it on refusals too
         try:
             gate.key = gateway.authenticate(_header(scope, b"authorization"))
             await gateway.take(gate, 1, 0)
         except ServingError as err:
             return await _send_error(err, gate, scope, receive, send)
-        scope.setdefault("state", {})[STATE_KEY] = gate
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":

@@ -27,10 +27,12 @@ from typing import Annotated, Any, Literal, Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from components.gateway.pipeline import GatewayMiddleware, RequestGate, gate_of
+from components.requestlog.asgi import RequestLogMiddleware, record_of
+from components.requestlog.record import RequestRecord, utc_iso, verdict_summary
 from components.serving.admission import AdmissionController, Ticket
 from components.serving.engine import GenerationStream, LoadedModel, SamplingParams
 from components.serving.errors import (
@@ -136,6 +138,32 @@ class ChatCompletionRequest(_SamplingFields):
 class ModerationRequest(_Strict):
     input: Text | list[Text] = Field(description="A string or a list of strings to classify.")
     model: Text | None = Field(None, description="Accepted; the server's content filter answers whatever it names.")
+
+
+class FeedbackRequest(_Strict):
+    """tuneloop's own route (OpenAI has none): what a client says about a logged request."""
+
+    request_id: str = Field(pattern=r"^(req_|chatcmpl-|cmpl-)[0-9a-f]{32}$",
+                            description="The request's x-request-id header (req_...) or its response id "
+                                        "(chatcmpl-... / cmpl-...).")
+    rating: int | None = Field(None, ge=-1, le=1, description="-1 bad, 0 neutral, 1 good.")
+    correction: Text | None = Field(None, min_length=1, max_length=100_000,
+                                    description="The completion the model should have given: a candidate "
+                                                "training example (validated before any training uses it).")
+    comment: Text | None = Field(None, max_length=4000)
+
+    @model_validator(mode="after")
+    def _something(self) -> "FeedbackRequest":
+        if self.rating is None and self.correction is None:
+            raise ValueError("give a rating, a correction, or both")
+        return self
+
+
+class FeedbackResponse(BaseModel):
+    id: str
+    object: Literal["feedback"] = "feedback"
+    created: int
+    request_id: str
 
 
 class ModerationResult(BaseModel):
@@ -635,10 +663,12 @@ class _Generations:
     slots; it is idempotent and called from every path (done, error, timeout, disconnect).
     """
 
-    def __init__(self, server: OpenAIServer, prepared: _Prepared, request_id: str, gate: RequestGate | None = None):
+    def __init__(self, server: OpenAIServer, prepared: _Prepared, request_id: str, gate: RequestGate | None = None,
+                 record: RequestRecord | None = None):
         self.server = server
         self.request_id = request_id
         self.gate = gate
+        self.record = record  # the request log's record, completed in close()
         try:
             self.ticket: Ticket = server.admission.admit(len(prepared.prompts))
         except Exception:
@@ -683,6 +713,8 @@ class _Generations:
                 self._got_token[i] = True
                 if self.server.metrics:
                     self.server.metrics.first_token()
+                if self.record is not None:
+                    self.record.first_token()
             delta = await self._out(i, text.add(ids))
             self.completion_tokens[i] = len(text.ids)
             logprobs = stream.token_logprobs[seen:seen + len(ids)]  # delivered in the tokens' order
@@ -738,6 +770,15 @@ class _Generations:
         self.ticket.release()
         if self.gate is not None:  # the unused part of the token reservation goes back
             self.gate.settle(self.prompt_tokens + sum(self.completion_tokens))
+        r = self.record
+        if r is not None:
+            r.completions, r.finish_reasons = list(self.texts), list(self.finish_reasons)
+            r.prompt_tokens, r.completion_tokens = self.prompt_tokens, sum(self.completion_tokens)
+            r.completion_redacted = self.gate is not None and self.gate.redacts_outputs
+            if any(v is not None for v in self.verdicts):
+                r.output_filter = [verdict_summary(v) for v in self.verdicts]
+            if self.abort_reason is not None and r.error_code is None:
+                r.error_code = self.abort_reason
 
     def filter_results(self, i: int) -> dict | None:
         """The output filter's annotation of choice i (Azure OpenAI's field name), or None."""
@@ -866,6 +907,8 @@ def _stream_response(gens: _Generations, make_chunk, include_usage: bool, first_
             # Headers are sent already: the error travels as an SSE event (the SDK raises it).
             gens.abort_reason = error.reason
             gens.server.count_rejection(error.reason)
+            if gens.record is not None:
+                gens.record.error_code, gens.record.error_type = error.code or error.reason, error.type
             out.append(_sse(error.body()))
         out.append(_sse("[DONE]"))
         yield "".join(out)
@@ -930,6 +973,26 @@ async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
     return body.model_copy(update={"prompt": screened[0] if single else screened})
 
 
+def _log_prompt(record: RequestRecord | None, server: OpenAIServer, body, gate: RequestGate | None) -> None:
+    """The prompt as the model sees it, into the request log (redacted when the gateway
+    redacted it; else the log's writer redacts it before writing)."""
+    if record is None:
+        return
+    if isinstance(body, ChatCompletionRequest):
+        record.prompt = [{"role": m.role, "content": m.content if isinstance(m.content, str)
+                          else "".join(p.text for p in m.content)} for m in body.messages]
+    else:
+        prompt = body.prompt
+        single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+        items = [prompt] if single else list(prompt)
+        tok = server.loaded.tokenizer
+        texts = [p if isinstance(p, str) else tok.decode([t for t in p if 0 <= t < server.loaded.vocab_size])
+                 for p in items]
+        record.prompt = texts[0] if single else texts
+    pii = gate.gateway.config.pii if gate is not None and gate.gateway.pii is not None else None
+    record.prompt_redacted = pii is not None and pii.mode == "redact"
+
+
 async def _cached(gate: RequestGate | None, server: OpenAIServer, body, route: str):
     """(cache key or None, the cached answer or None)."""
     if gate is None:
@@ -948,8 +1011,15 @@ async def _store(gate: RequestGate | None, key: str | None, gens: _Generations, 
         await gate.cache_put(key, {"choices": choices, "usage": _usage(gens)})
 
 
-def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: bool):
+def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: bool,
+            record: RequestRecord | None = None):
     """A cached answer as a fresh response: JSON, or a proper SSE stream for a streaming client."""
+    if record is not None:
+        record.completions = [c["text"] for c in cached["choices"]]
+        record.finish_reasons = [c["finish_reason"] for c in cached["choices"]]
+        record.prompt_tokens = cached["usage"]["prompt_tokens"]
+        record.completion_tokens = cached["usage"]["completion_tokens"]
+        record.completion_redacted = False  # the writer redacts again (cheap, and never trusts the cache)
     usage = {**cached["usage"], "prompt_tokens_details": {"cached_tokens": cached["usage"]["prompt_tokens"]}}
 
     def choice(i: int, c: dict, delta: bool) -> dict:
@@ -986,22 +1056,28 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     gate = gate_of(request)
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
+    record = record_of(request)
+    if record is not None:
+        record.stream = bool(body.stream)
     key, hit = await _cached(gate, server, body, "completions")
     if hit is None:
         body = await _screen(gate, server, body)
+    _log_prompt(record, server, body, gate if hit is None else None)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if record is not None:
+        record.response_id = rid
     base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
-                       chat=False)
+                       chat=False, record=record)
     prompts = _tokenize_completion(server, body)
     prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
     if gate is not None and prepared.echo:
         prepared.echo = await gate.redact_output(prepared.echo)
     echo = prepared.echo
     await _reserve(gate, prepared)
-    gens = _Generations(server, prepared, rid, gate)
+    gens = _Generations(server, prepared, rid, gate, record)
     logprobs = _CompletionLogprobs(server, body.logprobs, len(gens.streams), echo)
 
     def stored(i: int, text: str, finish: str) -> dict:
@@ -1046,18 +1122,24 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     gate = gate_of(request)
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
+    record = record_of(request)
+    if record is not None:
+        record.stream = bool(body.stream)
     key, hit = await _cached(gate, server, body, "chat")
     if hit is None:
         body = await _screen(gate, server, body)
+    _log_prompt(record, server, body, gate if hit is None else None)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if record is not None:
+        record.response_id = rid
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
             "system_fingerprint": server.fingerprint}
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
-                       chat=True)
+                       chat=True, record=record)
     prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
     await _reserve(gate, prepared)
-    gens = _Generations(server, prepared, rid, gate)
+    gens = _Generations(server, prepared, rid, gate, record)
     logprobs = _ChatLogprobs(server) if body.logprobs else None
 
     def stored(i: int, text: str, finish: str) -> dict:
@@ -1106,6 +1188,9 @@ async def create_moderation(moderator, body: ModerationRequest, request: Request
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     if not texts:
         raise InvalidRequest("input: an empty list has nothing to classify", param="input")
+    record = record_of(request)
+    if record is not None:
+        record.prompt = texts
     gate = gate_of(request)
     if gate is not None:
         verdicts = await gate.check_content(texts, "moderation")
@@ -1114,6 +1199,21 @@ async def create_moderation(moderator, body: ModerationRequest, request: Request
     results = [{"flagged": v.flagged, "categories": v.categories, "category_scores": v.scores,
                 "category_applied_input_types": {c: ["text"] for c in v.categories}} for v in verdicts]
     return {"id": f"modr-{uuid.uuid4().hex}", "model": moderator.model_id, "results": results}
+
+
+def create_feedback(request_log, body: FeedbackRequest, request: Request) -> dict:
+    if request_log is None:
+        raise RouteNotFound("feedback needs the request log, which is off on this server (request_log.enabled)")
+    gate = gate_of(request)
+    key = gate.key if gate is not None else None
+    fid, created = f"fb_{uuid.uuid4().hex}", int(time.time())
+    record = record_of(request)
+    request_log.submit({"kind": "feedback", "feedback_id": fid, "time": utc_iso(time.time()),
+                        "request_id": body.request_id, "key_id": key.id if key else None,
+                        "tenant": key.tenant if key else None, "rating": body.rating,
+                        "correction": body.correction, "comment": body.comment,
+                        "via": record.request_id if record is not None else None}, stream="feedback")
+    return {"id": fid, "object": "feedback", "created": created, "request_id": body.request_id}
 
 
 class _TokenText:
@@ -1218,6 +1318,10 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
     # without one every /v1 route is open (unit tests, gateway-less embedding).
     app.state.gateway = None
     app.add_middleware(GatewayMiddleware)
+    # The request log (components/requestlog), outside the gateway so refusals are logged
+    # too; set app.state.request_log to a RequestLog to turn it on.
+    app.state.request_log = None
+    app.add_middleware(RequestLogMiddleware)
 
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, err: ServingError):
@@ -1262,6 +1366,11 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
                 raise Unavailable("the server is loading or warming up; retry shortly", retry_after_s=2)
             raise RouteNotFound("moderation is off on this server (gateway.filter.prompts and outputs are off)")
         return await create_moderation(moderator, body, request)
+
+    @app.post("/v1/feedback", response_model=FeedbackResponse, tags=["tuneloop"], responses=ERROR_RESPONSES)
+    async def feedback(body: FeedbackRequest, request: Request):
+        """A rating and/or a corrected completion for a logged request (stored with the request log)."""
+        return create_feedback(request.app.state.request_log, body, request)
 
     @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"], responses=ERROR_RESPONSES)
     async def list_models(request: Request):

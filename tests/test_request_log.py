@@ -1,0 +1,334 @@
+"""The request log (components/requestlog), in-process over a live engine.
+
+Under concurrent load every finished request (ok, refused, invalid, streamed, cached,
+left by its client) is logged exactly once with what it was (logged == served); texts are
+redacted (by the gateway, else by the writer) and nothing of a key is written; a database
+that fails spills to local segments; a crash-cut line is skipped; feedback is stored with
+the log; `tuneloop logs tail|export` read it back. The same through `bentoml serve` with
+SIGTERM: test_gateway_serve.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_gateway import PLANTED, PLANTED_TEXT, ScriptedModel, _assert_clean, bearer, gateway_config, loaded  # noqa: F401
+from tests.test_serving_engine import make_server, raw
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_logged(loaded, cfg, test, backend=None):
+    """`await test(app, gateway, request_log)` with the gateway and the request log of cfg."""
+    from components.gateway.pipeline import Gateway
+    from components.requestlog.writer import open_request_log
+    from components.serving.engine import ContinuousEngine
+    from components.serving.openai_api import create_app
+
+    async def main():
+        engine = backend
+        if engine is None:
+            engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)
+        engine.launch() if hasattr(engine, "launch") else None
+        g = Gateway.from_config(cfg, load_classifier=False)
+        request_log = open_request_log(cfg, g.pii)
+        app = create_app()
+        app.state.gateway, app.state.request_log = g, request_log
+        app.state.server = make_server(loaded, engine)
+        try:
+            return await test(app, g, request_log)
+        finally:
+            if hasattr(engine, "stop"):
+                engine.stop()
+            await g.close()
+            request_log.close()
+
+    return asyncio.run(main())
+
+
+def logged(cfg, stream="requests") -> list[dict]:
+    from components.requestlog.store import read_records
+
+    return read_records(cfg.request_log.url, cfg.home, stream)
+
+
+def make_key(cfg, tier="enterprise") -> tuple[str, str]:
+    from components.gateway.pipeline import open_key_store
+
+    store = open_key_store(cfg)
+    try:
+        record, key = store.create("log-test", tier)
+        return key, record.id
+    finally:
+        store.close()
+
+
+def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_path):
+    cfg = gateway_config(tmp_path, cache={"enabled": True})
+    key, key_id = make_key(cfg)
+
+    async def test(app, g, request_log):
+        client = raw(app)
+        h = bearer(key)
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
+        kinds = []
+
+        async def one(i: int):
+            kind = ("chat", "stream", "completion", "invalid", "badkey", "cached", "models", "sampled")[i % 8]
+            if kind == "chat":
+                r = await client.post("/v1/chat/completions", json={**chat, "temperature": 0.7}, headers=h)
+            elif kind == "stream":
+                r = await client.post("/v1/chat/completions", headers=h, json={
+                    **chat, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.5})
+            elif kind == "completion":
+                r = await client.post("/v1/completions", json={"model": "tiny", "prompt": f"n{i}", "max_tokens": 3,
+                                                               "temperature": 0.9}, headers=h)
+            elif kind == "invalid":
+                r = await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": -1},
+                                      headers=h)
+            elif kind == "badkey":
+                r = await client.get("/v1/models", headers=bearer("tl-000000000000_nope"))
+            elif kind == "cached":
+                r = await client.post("/v1/chat/completions", json={**chat, "temperature": 0}, headers=h)
+            elif kind == "models":
+                r = await client.get("/v1/models", headers=h)
+            else:
+                r = await client.post("/v1/completions", json={"model": "tiny", "prompt": "s", "max_tokens": 2,
+                                                               "seed": i}, headers=h)
+            kinds.append((kind, r))
+
+        await one(5)  # a deterministic answer in the cache first: the burst's copies of it hit
+        await asyncio.gather(*(one(i) for i in range(96) if i != 5))
+        await client.aclose()
+        request_log.flush()
+        return kinds
+
+    served = run_logged(loaded, cfg, test)
+    records = logged(cfg)
+    by_id = {}
+    for r in records:
+        assert r["request_id"] not in by_id, "a request was logged twice"
+        by_id[r["request_id"]] = r
+    assert len(records) == len(served) == 96
+    for kind, resp in served:
+        rec = by_id[resp.headers["x-request-id"]]
+        assert rec["status"] == resp.status_code, (kind, rec)
+        assert rec["route"] == resp.request.url.path
+        if kind == "badkey":
+            assert rec["status"] == 401 and rec["error_code"] == "invalid_api_key" and rec["key_id"] is None
+            continue
+        assert rec["key_id"] == key_id and rec["model"] == "tiny" and rec["model_version"] == "3"
+        if kind == "invalid":
+            assert rec["status"] == 400 and rec["error_type"] == "invalid_request_error"
+            continue
+        if kind == "models":
+            continue
+        if kind == "stream":
+            usage = [json.loads(line[5:]) for line in resp.text.splitlines()
+                     if line.startswith("data: {") and '"usage":{' in line][-1]["usage"]
+            text = "".join(json.loads(line[5:])["choices"][0]["delta"].get("content", "")
+                           for line in resp.text.splitlines()
+                           if line.startswith("data: {") and '"choices":[{' in line)
+            assert rec["stream"] is True and rec["completions"] == [text]
+        else:
+            body = resp.json()
+            usage = body["usage"]
+            assert rec["response_id"] == body["id"]
+            texts = [c.get("text", c.get("message", {}).get("content")) for c in body["choices"]]
+            assert rec["completions"] == texts
+        assert rec["prompt_tokens"] == usage["prompt_tokens"]
+        assert rec["completion_tokens"] == usage["completion_tokens"]
+        assert rec["latency_s"] > 0 and rec["engine"] == "continuous"
+        if kind != "cached" or rec["cache"] == "miss":
+            assert rec["ttft_s"] is not None and 0 < rec["ttft_s"] <= rec["latency_s"]
+    cached = [by_id[r.headers["x-request-id"]]["cache"] for k, r in served if k == "cached"]
+    assert cached.count("hit") >= 1 and set(cached) <= {"hit", "miss"}
+    assert {by_id[r.headers["x-request-id"]]["cache"] for k, r in served if k == "sampled"} == {"miss"}
+    # nothing of the key itself is written anywhere
+    for path in (tmp_path / "requests").glob("*.jsonl"):
+        assert key not in path.read_text() and key.split("_", 1)[1] not in path.read_text()
+
+
+def test_logged_texts_are_redacted_by_the_gateway_or_else_by_the_writer(loaded, tmp_path):
+    answer = "Sure! " + PLANTED_TEXT + " Anything else?"
+    items = [f"My {k} is {v}." for k, v in PLANTED.items()]
+    first, second = " ".join(items[:4]), " ".join(items[4:])  # each fits the tiny model's context
+    for pii in ({"mode": "redact", "outputs": "redact"}, {"mode": "off", "outputs": "off"}):
+        home = tmp_path / pii["mode"]
+        cfg = gateway_config(home, auth="off", pii=pii)
+        model = ScriptedModel(loaded.tokenizer, answer)
+
+        async def test(app, g, request_log):
+            client = raw(app)
+            r1 = await client.post("/v1/chat/completions", json={
+                "model": "tiny", "messages": [{"role": "user", "content": first}], "stream": True})
+            r2 = await client.post("/v1/completions", json={"model": "tiny", "prompt": second})
+            r3 = await client.post("/v1/moderations", json={"input": ["fine", PLANTED_TEXT]})
+            await client.aclose()
+            return [r1, r2, r3]
+
+        responses = run_logged(loaded, cfg, test, backend=model)
+        assert [r.status_code for r in responses[:2]] == [200, 200]
+        records = logged(cfg)
+        assert len(records) == 3
+        text = "\n".join(p.read_text() for p in (home / "requests").glob("*.jsonl"))
+        _assert_clean(text, f"the request log (gateway pii {pii})")
+        chat = next(r for r in records if r["route"] == "/v1/chat/completions")
+        assert "<EMAIL_ADDRESS>" in chat["prompt"][0]["content"] and "Anything else?" in chat["completions"][0]
+        assert chat["prompt_redacted"] and chat["completion_redacted"]
+        if pii["mode"] == "redact":
+            assert "EMAIL_ADDRESS" in chat["pii_entities"]
+
+
+def test_texts_are_omitted_when_no_redaction_can_run(loaded, tmp_path):
+    from components.requestlog.store import SegmentSink
+    from components.requestlog.writer import RequestLog
+
+    def broken():
+        raise RuntimeError("no analyzer here")
+
+    sink = SegmentSink(tmp_path / "log", 1 << 20, 3600)
+    request_log = RequestLog(sink, 0.05, "redacted", broken)
+    request_log.submit({"kind": "request", "request_id": "req_1", "time": "2026-12-01T00:00:00.000Z",
+                        "prompt": PLANTED_TEXT, "completions": [PLANTED_TEXT]})
+    request_log.close()
+    (rec,) = [json.loads(line) for p in (tmp_path / "log").glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert rec["prompt"] is None and rec["completions"] is None and "did not start" in rec["texts_omitted"]
+
+
+def test_a_failing_database_spills_to_local_segments_and_nothing_is_lost(tmp_path):
+    from components.requestlog.store import SegmentSink, SqlSink, read_records
+    from components.requestlog.writer import RequestLog
+
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    sql = SqlSink(url)
+    spill = SegmentSink(tmp_path / "spill", 1 << 20, 3600)
+    request_log = RequestLog(sql, 0.05, "omit", None, spill)
+
+    def rec(i):
+        return {"kind": "request", "request_id": f"req_{i:032x}", "time": f"2026-12-01T00:00:{i:02d}.000Z",
+                "status": 200}
+
+    for i in range(5):
+        request_log.submit(rec(i))
+    request_log.flush()
+    good_write = sql.write
+    sql.write = lambda *a, **k: (_ for _ in ()).throw(ConnectionError("database went away"))  # a fault
+    for i in range(5, 12):
+        request_log.submit(rec(i))
+    request_log.flush()
+    sql.write = good_write
+    request_log.submit(rec(12))
+    request_log.close()
+    in_db = read_records(url, tmp_path, "requests")
+    spilled = read_records(str(tmp_path / "spill"), tmp_path, "requests")
+    assert [r["request_id"] for r in in_db] == [rec(i)["request_id"] for i in (*range(5), 12)]
+    assert [r["request_id"] for r in spilled] == [rec(i)["request_id"] for i in range(5, 12)]
+    assert request_log.spilled == 7
+
+
+def test_a_line_cut_by_a_crash_is_skipped_and_segments_rotate(tmp_path):
+    from components.requestlog.store import SegmentSink, read_records
+
+    sink = SegmentSink(tmp_path, max_bytes=300, max_age_s=3600)
+    for i in range(10):
+        sink.write("requests", [{"kind": "request", "request_id": f"r{i}", "time": f"2026-12-01T00:00:{i:02d}.000Z",
+                                 "pad": "x" * 80}])
+    sink.close()
+    segments = sorted(tmp_path.glob("requests-*.jsonl"))
+    assert len(segments) > 2
+    with open(segments[-1], "a") as f:
+        f.write('{"kind": "request", "request_id": "cut", "ti')  # the writer died mid-line
+    assert [r["request_id"] for r in read_records(str(tmp_path), tmp_path)] == [f"r{i}" for i in range(10)]
+
+
+def test_feedback_is_stored_with_the_log_and_bad_feedback_gets_400(loaded, tmp_path):
+    cfg = gateway_config(tmp_path)
+    key, key_id = make_key(cfg)
+    other_key, _ = make_key(cfg)
+
+    async def test(app, g, request_log):
+        client = raw(app)
+        h = bearer(key)
+        r = await client.post("/v1/chat/completions", headers=h, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 3})
+        rid, body_id = r.headers["x-request-id"], r.json()["id"]
+        ok1 = await client.post("/v1/feedback", headers=h, json={"request_id": rid, "rating": -1,
+                                                                 "correction": "4", "comment": "mail me at a@b.com"})
+        ok2 = await client.post("/v1/feedback", headers=h, json={"request_id": body_id, "rating": 1})
+        bad = [await client.post("/v1/feedback", headers=h, json=b) for b in (
+            {"request_id": rid}, {"request_id": "nope", "rating": 1}, {"request_id": rid, "rating": 5},
+            {"request_id": rid, "correction": ""}, {"request_id": rid, "rating": 1, "extra": 1})]
+        anon = await client.post("/v1/feedback", json={"request_id": rid, "rating": 1})
+        stranger = await client.post("/v1/feedback", headers=bearer(other_key),
+                                     json={"request_id": rid, "correction": "five"})
+        assert stranger.status_code == 200  # accepted, but it never becomes training data (below)
+        app.state.request_log = None
+        off = await client.post("/v1/feedback", headers=h, json={"request_id": rid, "rating": 1})
+        app.state.request_log = request_log
+        await client.aclose()
+        return rid, body_id, ok1, ok2, bad, anon, off
+
+    rid, body_id, ok1, ok2, bad, anon, off = run_logged(loaded, cfg, test)
+    assert ok1.status_code == ok2.status_code == 200
+    assert ok1.json()["object"] == "feedback" and ok1.json()["request_id"] == rid
+    assert [b.status_code for b in bad] == [400] * 5
+    assert all(b.json()["error"]["type"] == "invalid_request_error" for b in bad)
+    assert anon.status_code == 401 and off.status_code == 404
+    fb = logged(cfg, "feedback")
+    assert [(f["request_id"], f["rating"], f["key_id"]) for f in fb][:2] == [(rid, -1, key_id), (body_id, 1, key_id)]
+    assert fb[0]["correction"] == "4" and "a@b.com" not in fb[0]["comment"]
+    requests = logged(cfg)
+    assert {r["route"] for r in requests} == {"/v1/chat/completions", "/v1/feedback"}
+    # corrections -> candidate training rows in the training set's format, with lineage
+    from components.data.dataset import prepare_dataset
+    from components.requestlog.feedback import export_feedback_dataset
+
+    lineage = export_feedback_dataset(cfg, tmp_path / "fb" / "rows.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "fb" / "rows.jsonl").read_text().splitlines()]
+    assert rows == [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}]
+    assert lineage["feedback_ids"] == [fb[0]["feedback_id"]]
+    assert lineage["rejected"] == {"no correction (rating only)": 1, "from another key than the request": 1}
+    prepared = prepare_dataset(cfg, train_path=tmp_path / "fb" / "rows.jsonl", eval_path=tmp_path / "fb" / "rows.jsonl")
+    assert len(prepared.train) == 1 and not prepared.rejects
+
+
+def test_logs_cli_tails_and_exports(tmp_path):
+    from components.requestlog.store import SegmentSink
+
+    sink = SegmentSink(tmp_path / "home" / "requests", 1 << 20, 3600)
+    from datetime import datetime, timedelta, timezone
+
+    now = datetime.now(timezone.utc)
+    rows = [{"kind": "request", "request_id": f"req_{i:032x}", "status": 200 if i % 3 else 500, "route": "/v1/x",
+             "time": (now - timedelta(minutes=95 - 10 * i)).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
+            for i in range(9)]
+    sink.write("requests", rows)
+    sink.close()
+    env = {"TUNELOOP_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "COLUMNS": "240"}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "components.cli", "logs", *args], capture_output=True, text=True,
+                              cwd=ROOT, env=env)
+
+    tail = cli("tail", "-n", "3", "--json")
+    assert tail.returncode == 0, tail.stderr
+    assert [json.loads(line)["request_id"] for line in tail.stdout.splitlines()] == [r["request_id"] for r in rows[-3:]]
+    human = cli("tail", "-n", "2")
+    assert rows[-1]["request_id"] in human.stdout and "/v1/x" in human.stdout
+    out = tmp_path / "last-hour.parquet"
+    exp = cli("export", "--since", "1h", "--format", "parquet", "--output", str(out))
+    assert exp.returncode == 0, exp.stderr
+    import pandas as pd
+
+    frame = pd.read_parquet(out)
+    assert sorted(frame["request_id"]) == sorted(r["request_id"] for r in rows if r["time"] >= (
+        now - timedelta(hours=1)).isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    bad = cli("export", "--since", "yesterday-ish")
+    assert bad.returncode == 2 and "not a duration" in bad.stderr
