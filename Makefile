@@ -10,12 +10,13 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
 .PHONY: install demo test test-fast clean vllm-venv bench-vllm system-packages
 
-# System services the gateway and its tests use (the tests start and stop them on
-# 127.0.0.1; nothing runs as a daemon): Debian's redis-server. Skipped when present.
-APT_PACKAGES := redis-server
+# System services the gateway, the monitoring and their tests use (the tests start and stop
+# them on 127.0.0.1; nothing runs as a daemon): Debian's redis-server and prometheus (with
+# promtool). Skipped when both are present.
+APT_PACKAGES := redis-server prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-packages:
-	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && \
+	@{ command -v redis-server && command -v promtool; } >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); }
 
 # The lock is fully pinned, so pip installs it without backtracking; the project itself

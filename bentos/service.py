@@ -191,10 +191,23 @@ class TuneloopLLM:
                     raise RuntimeError(f"the {SERVING.engine} engine did not start: "
                                        f"{getattr(self.engine, 'failed', None) or 'see the log'}")
             await self.gateway.warm_up()
+            if self.request_log is not None:
+                await asyncio.to_thread(self.request_log.warm_up)
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s: ready", seconds)
+            self._monitoring_task = asyncio.get_running_loop().create_task(self._export_monitoring())
         except Exception:
             log.exception("warm-up failed: the service stays not ready")
+
+    async def _export_monitoring(self) -> None:
+        """The latest monitoring run's scores on /metrics (components/monitoring/exporter.py)."""
+        from components.monitoring.exporter import MonitoringGauges
+        from components.monitoring.run import LATEST
+
+        gauges = MonitoringGauges(CONFIG.monitoring_dir / LATEST)
+        while True:
+            await asyncio.to_thread(gauges.refresh)
+            await asyncio.sleep(30)
 
     def __is_ready__(self) -> bool:
         engine_alive = self.engine is None or self.engine.is_running  # continuous/slots: its thread may die

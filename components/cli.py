@@ -242,6 +242,44 @@ def filter_train(
         raise typer.Exit(1)
 
 
+@app.command()
+def monitor(
+    since: Optional[str] = typer.Option(None, "--since", help="Window start: 15m, 2h, 7d or an ISO time "
+                                                              "(default: monitoring.window back from now)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Window end (default: now)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    config: Optional[Path] = ConfigOption,
+):
+    """Run the monitoring flow once, now: drift against the champion's training prompts and
+    service health against the SLOs; emits tuneloop.retrain.requested / tuneloop.slo.breached."""
+    from components.requestlog.store import LogError, parse_since
+
+    cfg = _load(config)
+    try:
+        parse_since(since), parse_since(until)
+    except LogError as exc:
+        _fail(str(exc))
+    _use_prefect(cfg)
+    from flows.monitoring import monitoring_flow
+
+    result = monitoring_flow(config_path=str(config) if config else None, since=since, until=until)
+    events = [e["event"] for e in result["events"]]
+    if as_json:
+        print(json.dumps({**result, "events": events, "event_payloads": result["events"]}, indent=2, default=str))
+        return
+    d, s = result["drift"], result["slo"]
+    w = result["window"]
+    console.print(f"{w['requests']} logged requests, {w['prompts']} prompts, {w['since']} → {w['until']}")
+    verdict = ("[red]drift detected[/]" if d["detected"] else "[green]no drift[/]") if d["judged"] else \
+        f"[yellow]drift not judged[/]: {d['reason']}"
+    console.print(f"{verdict}  " + "  ".join(f"{k} {v}" for k, v in d["scores"].items()))
+    verdict = (f"[red]SLO breached[/]: {', '.join(s['breached'])}" if s["breached"] else "[green]within SLOs[/]") \
+        if s["judged"] else f"[yellow]SLOs not judged[/]: {s['reason']}"
+    console.print(f"{verdict}  " + "  ".join(f"{k} {v}" for k, v in s["values"].items() if v is not None))
+    console.print(f"events: {', '.join(events) or 'none'}; report: {result['report'] or '-'}; "
+                  f"summary: {result['dir']}/summary.md")
+
+
 def _use_prefect(cfg) -> None:
     """Point Prefect at the configured server; none configured means an ephemeral one."""
     if cfg.prefect.api_url:

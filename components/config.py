@@ -361,6 +361,48 @@ class RequestLogConfig(Section):
     # The prompt and completion texts: redacted (by the gateway, else by the writer with the
     # same Presidio analyzer; if that cannot run, omitted) or omit (never written).
     texts: Literal["redacted", "omit"] = "redacted"
+    # Where the writer's redaction runs: process (a child process: Presidio holds the GIL,
+    # which in the server's process stalls generation) or thread (the writer thread).
+    redact_in: Literal["process", "thread"] = "process"
+
+
+class DriftConfig(Section):
+    """Served prompts against the champion's training prompts (components/monitoring/drift.py).
+    Defaults calibrated on the sample data: see tests/test_monitoring.py and the README."""
+
+    min_requests: int = Field(50, ge=10)  # fewer logged prompts in the window: not judged
+    # Evidently's normed Wasserstein distance per text descriptor; a window drifts when
+    # min_drifted_descriptors of them exceed it ...
+    descriptor_threshold: float = Field(0.5, gt=0)
+    min_drifted_descriptors: int = Field(2, ge=1, le=4)
+    # ... or when a classifier tells served from reference embeddings apart (ROC AUC above this).
+    embedding_threshold: float = Field(0.75, gt=0.5, lt=1.0)
+    max_embedded_rows: int = Field(1000, ge=50)  # per side, sampled: bounds the encoder's time
+    reference_rows: int = Field(2000, ge=50)  # training prompts kept with the model version
+    plot_rows: int = Field(200, ge=20)  # per side in the report's embedding plot (a TSNE)
+
+
+class SloConfig(Section):
+    """Service objectives over the monitored window (components/monitoring/slo.py)."""
+
+    ttft_p95_s: float = Field(2.0, gt=0)
+    e2e_p95_s: float = Field(30.0, gt=0)
+    error_rate: float = Field(0.02, ge=0, le=1)  # 5xx, timeouts and failed streams / generation requests
+    filter_rejection_rate: float = Field(0.2, ge=0, le=1)  # content_filter / pii_detected refusals
+    rate_limited_rate: float = Field(0.2, ge=0, le=1)  # 429s / all /v1 requests
+    min_requests: int = Field(20, ge=1)  # fewer in the window: not judged
+
+
+class MonitoringConfig(Section):
+    """The scheduled monitoring flow (flows/monitoring.py, `tuneloop monitor`)."""
+
+    window: str = "1h"  # how far back each run looks: 15m, 1h, 1d, ...
+    drift: DriftConfig = DriftConfig()
+    slo: SloConfig = SloConfig()
+    emit_events: bool = True  # tuneloop.retrain.requested / tuneloop.slo.breached
+    # One retrain request per this long at most, however many windows drift (the training
+    # deployment's trigger debounces too).
+    retrain_debounce_s: float = Field(3600.0, ge=0)
 
 
 class ServingConfig(Section):
@@ -457,6 +499,7 @@ class TuneloopConfig(Section):
     serving: ServingConfig = ServingConfig()
     gateway: GatewayConfig = GatewayConfig()
     request_log: RequestLogConfig = RequestLogConfig()
+    monitoring: MonitoringConfig = MonitoringConfig()
 
     # Where this config came from; relative paths in it resolve against base_dir.
     _source: Path | None = PrivateAttr(None)
@@ -505,6 +548,10 @@ class TuneloopConfig(Section):
     def request_log_spill_dir(self) -> Path:
         """Where the request log writes when its database is down (read back with it)."""
         return self.home / "requests-spill"
+
+    @property
+    def monitoring_dir(self) -> Path:
+        return self.home / "monitoring"
 
     @property
     def datasets_dir(self) -> Path:

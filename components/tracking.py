@@ -94,3 +94,8 @@ def log_lineage(cfg: TuneloopConfig, fingerprint: str, validation: dict[str, Any
     mlflow.log_dict(versions, "lineage/packages.json")
     mlflow.set_tags(tags)
     return tags
+
+
+def numeric(metrics: dict) -> dict[str, float]:
+    """The numbers of a metrics dict, as MLflow's log_metrics takes them (None and text dropped; bools as 0/1)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}

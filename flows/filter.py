@@ -59,8 +59,7 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
 def filter_training_flow(config_path: str | None = None, data: str | None = None) -> dict[str, Any]:
     import mlflow
 
-    from components.gateway.filter_training import numeric
-    from components.tracking import setup_mlflow
+    from components.tracking import numeric, setup_mlflow
 
     started = time.time()
     cfg = load_config(config_path)

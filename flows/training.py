@@ -171,6 +171,10 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             cfg, child_run, str(result.model_dir), metrics, champion_metrics, champion_version,
             {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id},
         )
+        # What the monitoring flow compares served prompts with, kept with this version.
+        from components.monitoring.reference import log_reference
+
+        log_reference(child_run, prepared.train, cfg.monitoring.drift.reference_rows, cfg.mlflow_tracking_uri)
         report_paths = write_report(run_root / "report", histories, metrics_table, blessing)
         for p in report_paths.values():
             mlflow.log_artifact(str(p), "report")

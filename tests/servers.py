@@ -117,6 +117,33 @@ def redis_server(tmp: Path, port: int | None = None):
 
 
 @contextmanager
+def prometheus_server(tmp: Path, targets: list[str], rules: Path, interval: str = "1s"):
+    """A real Prometheus (Debian's `prometheus`, installed by `make install`) on 127.0.0.1,
+    scraping targets and evaluating rules every interval; yields its URL."""
+    import shutil
+
+    import yaml
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        import pytest
+
+        pytest.skip("prometheus is not installed (make install puts Debian's prometheus in place)")
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "tuneloop-bento", "metrics_path": "/metrics",
+                            "static_configs": [{"targets": targets}]}],
+    }))
+    cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+           f"--web.listen-address=127.0.0.1:{port}"]
+    with service(cmd, f"http://127.0.0.1:{port}/-/ready", tmp / "prometheus.log", timeout=60):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
 def hung_listener():
     """A TCP listener that accepts connections and never answers (a hung Redis); yields its URL."""
     import socket
@@ -155,4 +182,5 @@ GATEWAY_OFF = {
     "TUNELOOP__GATEWAY__AUTH": "off",
     "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}",
     "TUNELOOP__GATEWAY__FILTER": "{prompts: off, outputs: off}",
+    "TUNELOOP__GATEWAY__CACHE": "{enabled: false}",  # else repeated greedy requests are answered from it
 }

@@ -1,5 +1,6 @@
 """prefect.yaml against a real Prefect server: the training deployment registers with its
-weekly schedule and event trigger, and a `tuneloop.retrain.requested` event starts a run."""
+weekly schedule and event trigger, the monitoring deployment with its hourly one, and a
+`tuneloop.retrain.requested` event as the monitoring flow emits it starts a training run."""
 
 import json
 import os
@@ -44,8 +45,11 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
                     d = await c.read_deployment_by_name("training/training")
                     autos = await c.read_automations()
                     f = await c.read_deployment_by_name("filter-training/filter-training")
+                    m = await c.read_deployment_by_name("monitoring/monitoring")
                     print(json.dumps({
                         "filter": [f.entrypoint, [s.schedule.cron for s in f.schedules]],
+                        "monitoring": [m.entrypoint, [s.schedule.cron for s in m.schedules]],
+                        "collision": str(d.concurrency_options.collision_strategy) if d.concurrency_options else None,
                         "id": str(d.id), "pool": d.work_pool_name, "entrypoint": d.entrypoint,
                         "crons": [s.schedule.cron for s in d.schedules],
                         "params": d.parameters,
@@ -58,13 +62,14 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
         assert info["crons"] == ["0 3 * * 1"]
         assert ["tuneloop.retrain.requested"] in info["expects"]
         assert info["filter"] == ["flows/filter.py:filter_training_flow", ["0 4 1 * *"]]
+        assert info["monitoring"] == ["flows/monitoring.py:monitoring_flow", ["5 * * * *"]]
+        assert "CANCEL_NEW" in info["collision"]  # a burst of retrain events runs one training
 
         # The monitoring flow's event starts a training run (no worker: it stays scheduled).
         py("""
-            from prefect.events import emit_event
-            emit_event(event="tuneloop.retrain.requested",
-                       resource={"prefect.resource.id": "tuneloop.monitoring.drift"},
-                       payload={"data_path": "data/fresh.jsonl"})
+            from components.config import load_config
+            from flows.monitoring import emit
+            emit("tuneloop.retrain.requested", {"data_path": "data/fresh.jsonl"}, load_config(None))
             print("sent")
         """, env)
         deadline, runs = time.time() + 90, []

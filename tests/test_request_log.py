@@ -202,6 +202,38 @@ def test_texts_are_omitted_when_no_redaction_can_run(loaded, tmp_path):
     assert rec["prompt"] is None and rec["completions"] is None and "did not start" in rec["texts_omitted"]
 
 
+def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
+    from components.config import PiiConfig
+    from components.requestlog.redactor_process import ProcessRedactor
+    from components.requestlog.store import SegmentSink
+    from components.requestlog.writer import RequestLog
+
+    redactor = ProcessRedactor(PiiConfig().model_dump(mode="json"), str(tmp_path / "gateway"), "tl-")
+    request_log = RequestLog(SegmentSink(tmp_path / "log", 1 << 20, 3600), 60, "redacted", lambda: redactor)
+    request_log.warm_up()
+
+    def rec(i):
+        return {"kind": "request", "request_id": f"r{i}", "time": f"2026-12-01T00:00:0{i}.000Z",
+                "prompt": [{"role": "user", "content": PLANTED_TEXT}], "completions": [PLANTED["email"]]}
+
+    request_log.submit(rec(1))
+    request_log.flush()
+    redactor._proc.kill()  # a fault: the child dies between batches
+    redactor._proc.wait()
+    request_log.submit(rec(2))
+    request_log.flush()  # a new child answers this batch
+    redactor.timeout_s = 0.001  # a fault: the child does not answer in time
+    request_log.submit(rec(3))
+    request_log.flush()
+    redactor.timeout_s = 60
+    request_log.close()
+    records = {r["request_id"]: r for p in (tmp_path / "log").glob("*.jsonl") for r in map(json.loads, p.read_text().splitlines())}
+    _assert_clean(json.dumps(records), "the log")
+    for i in ("r1", "r2"):
+        assert "<EMAIL_ADDRESS>" in records[i]["prompt"][0]["content"] and records[i]["completions"] == ["<EMAIL_ADDRESS>"]
+    assert records["r3"]["prompt"] is None and records["r3"]["texts_omitted"] == "redaction failed"
+
+
 def test_a_failing_database_spills_to_local_segments_and_nothing_is_lost(tmp_path):
     from components.requestlog.store import SegmentSink, SqlSink, read_records
     from components.requestlog.writer import RequestLog

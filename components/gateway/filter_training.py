@@ -158,8 +158,3 @@ def promote_filter(cfg: TuneloopConfig, version: str, blessing, champion_version
     registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
     return registry.promote(version, expected_champion=champion_version,
                             reason="blessed: " + "; ".join(blessing.reasons), actor="filter-flow")
-
-
-def numeric(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-

@@ -63,9 +63,9 @@ def feedback_examples(requests: list[dict], feedback: list[dict]) -> tuple[list[
     return rows, lineage
 
 
-def export_feedback_dataset(cfg, output: Path, since=None) -> dict:
+def export_feedback_dataset(cfg, output: Path, since=None, lineage_path: Path | None = None) -> dict:
     """Write the candidate rows of feedback given since `since` to output (JSONL) and its
-    lineage next to it (<output>.lineage.json); returns the lineage."""
+    lineage to lineage_path (default <output>.lineage.json); returns the lineage."""
     from components.requestlog.store import read_records
 
     requests = read_records(cfg.request_log.url, cfg.home, "requests")
@@ -76,5 +76,5 @@ def export_feedback_dataset(cfg, output: Path, since=None) -> dict:
     output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     lineage["since"] = since.isoformat() if since is not None else None
     lineage["path"] = str(output)
-    Path(f"{output}.lineage.json").write_text(json.dumps(lineage, indent=2), encoding="utf-8")
+    Path(lineage_path or f"{output}.lineage.json").write_text(json.dumps(lineage, indent=2), encoding="utf-8")
     return lineage

@@ -21,6 +21,16 @@ log = logging.getLogger("tuneloop.requestlog")
 Redact = Callable[[str], str]
 
 
+class InProcessRedactor:
+    """A PiiRedactor in this process (request_log.redact_in: thread)."""
+
+    def __init__(self, pii):
+        self.pii = pii
+
+    def redact_many(self, texts: list[str]) -> list[str]:
+        return [self.pii.redact(t)[0] for t in texts]
+
+
 class _NoMetrics:
     def records(self, stream: str, result: str, n: int) -> None:
         pass
@@ -52,10 +62,12 @@ class RequestLogMetrics:
 
 class RequestLog:
     def __init__(self, sink, flush_interval_s: float = 1.0, texts: str = "redacted",
-                 redactor: Callable[[], Any] | None = None, spill=None, metrics=None):
+                 redactor: Callable[[], Any] | None = None, spill=None, metrics=None, niceness: int = 10):
         """sink: store.SegmentSink / SqlSink; redactor: a function returning an object with
-        redact(text) -> (text, entities), called once in the writer thread (None: texts the
-        gateway did not redact are omitted); spill: a SegmentSink for when sink fails."""
+        redact_many(texts) -> texts, called once (None: texts the gateway did not redact are
+        omitted); spill: a SegmentSink for when sink fails;
+        niceness: the writer thread's nice increment (Linux: per thread), so that redaction
+        and writes yield the cores to generation when both want them."""
         if texts not in ("redacted", "omit"):
             raise ValueError(f"request_log.texts must be redacted or omit, not {texts!r}")
         self.sink, self.spill = sink, spill
@@ -72,6 +84,7 @@ class RequestLog:
         self._closed = False
         self.written = 0
         self.spilled = 0
+        self.niceness = niceness
         self._thread = threading.Thread(target=self._run, name="tuneloop-request-log", daemon=True)
         self._thread.start()
 
@@ -87,8 +100,16 @@ class RequestLog:
     def pending(self) -> int:
         return len(self._buffer)
 
+    def warm_up(self) -> None:
+        """Start the redactor now (seconds of Presidio set-up), not while the first records wait."""
+        if self.texts == "omit":
+            return
+        with self._write_lock:
+            self._redactor_or_none()
+
     # ---- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
+        _lower_priority(self.niceness)
         while True:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
@@ -110,16 +131,17 @@ class RequestLog:
 
     def _write(self, batch: list[tuple[str, dict]]) -> None:
         with self._write_lock:
+            records = self._prepared([r for _, r in batch])
             by_stream: dict[str, list[dict]] = {}
-            for stream, record in batch:
-                by_stream.setdefault(stream, []).append(self._prepared(record))
-            for stream, records in by_stream.items():
+            for (stream, _), record in zip(batch, records):
+                by_stream.setdefault(stream, []).append(record)
+            for stream, group in by_stream.items():
                 try:
-                    self.sink.write(stream, records)
-                    self.written += len(records)
-                    self.metrics.records(stream, "written", len(records))
+                    self.sink.write(stream, group)
+                    self.written += len(group)
+                    self.metrics.records(stream, "written", len(group))
                 except Exception as exc:
-                    self._spill(stream, records, exc)
+                    self._spill(stream, group, exc)
 
     def _spill(self, stream: str, records: list[dict], exc: Exception) -> None:
         if self.spill is None:
@@ -136,42 +158,63 @@ class RequestLog:
         self.metrics.records(stream, "spilled", len(records))
 
     # ---- redaction -------------------------------------------------------------------------
-    def _redact_fn(self) -> Redact | None:
+    def _redactor_or_none(self):
         if self._redactor is None and self._redactor_error is None:
             if self._redactor_factory is None:
                 self._redactor_error = "no PII redactor"
             else:
                 try:
                     self._redactor = self._redactor_factory()
+                    warm = getattr(self._redactor, "warm_up", None)
+                    if warm is not None:
+                        warm()
                 except Exception as exc:  # fail closed: texts are omitted, records still written
-                    self._redactor_error = f"the PII redactor did not start: {type(exc).__name__}"
+                    self._redactor = None
+                    self._redactor_error = f"the PII redactor did not start: {type(exc).__name__}: {exc}"
                     log.error("request log: %s; logged texts are omitted", self._redactor_error)
-        if self._redactor is None:
-            return None
-        return lambda text: self._redactor.redact(text)[0]
+        return self._redactor
 
-    def _prepared(self, record: dict) -> dict:
-        fields = _TEXT_FIELDS.get(record.get("kind"), ())
-        todo = [f for f in fields if record.get(f) is not None and not record.get(_REDACTED.get(f, ""), False)]
-        if self.texts == "omit":
-            todo = [f for f in fields if record.get(f) is not None]
-            return _omit(record, todo, "request_log.texts: omit") if todo else record
+    def _prepared(self, records: list[dict]) -> list[dict]:
+        """Records as they may be written: every text the gateway did not redact goes through
+        the redactor, all of a batch in one call; if that fails, those texts are omitted."""
+        out = list(records)
+        todo: list[tuple[int, list[str]]] = []
+        for i, record in enumerate(records):
+            fields = [f for f in _TEXT_FIELDS.get(record.get("kind"), ()) if record.get(f) is not None]
+            if self.texts == "omit":
+                if fields:
+                    out[i] = _omit(record, fields, "request_log.texts: omit")
+                continue
+            fields = [f for f in fields if not record.get(_REDACTED.get(f, ""), False)]
+            if fields:
+                todo.append((i, fields))
         if not todo:
-            return record
-        redact = self._redact_fn()
-        if redact is None:
-            return _omit(record, todo, self._redactor_error or "no PII redactor")
-        try:
-            out = dict(record)
-            for f in todo:
-                out[f] = _map_texts(record[f], redact)
-                if f in _REDACTED:
-                    out[_REDACTED[f]] = True
             return out
+        redactor = self._redactor_or_none()
+        if redactor is None:
+            for i, fields in todo:
+                out[i] = _omit(records[i], fields, self._redactor_error or "no PII redactor")
+            return out
+        texts: list[str] = []
+        for i, fields in todo:
+            for f in fields:
+                _map_texts(records[i][f], lambda t: texts.append(t) or t)
+        try:
+            redacted = iter(redactor.redact_many(texts))
         except Exception as exc:  # never write what could not be redacted
-            log.error("request log: redaction failed for %s (%s); its texts are omitted",
-                      record.get("request_id"), type(exc).__name__)
-            return _omit(record, todo, "redaction failed")
+            log.error("request log: redaction failed for %d records (%s: %s); their texts are omitted",
+                      len(todo), type(exc).__name__, exc)
+            for i, fields in todo:
+                out[i] = _omit(records[i], fields, "redaction failed")
+            return out
+        for i, fields in todo:
+            record = dict(records[i])
+            for f in fields:
+                record[f] = _map_texts(records[i][f], lambda _t: next(redacted))
+                if f in _REDACTED:
+                    record[_REDACTED[f]] = True
+            out[i] = record
+        return out
 
     def close(self, timeout: float = 30.0) -> None:
         with self._lock:
@@ -181,12 +224,25 @@ class RequestLog:
         self._wake.set()
         self._thread.join(timeout)
         self.flush()
-        for s in (self.sink, self.spill):
-            if s is not None:
+        for s in (self.sink, self.spill, self._redactor):
+            if s is not None and hasattr(s, "close"):
                 try:
                     s.close()
                 except Exception:  # pragma: no cover - closing is best effort
                     pass
+
+
+def _lower_priority(niceness: int) -> None:
+    import os
+    import threading
+
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:  # on Linux a thread is a task with its own nice value
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except OSError:  # pragma: no cover - not permitted here: the thread keeps its priority
+        pass
 
 
 _TEXT_FIELDS = {"request": ("prompt", "completions"), "feedback": ("correction", "comment")}
@@ -215,8 +271,9 @@ def _map_texts(value, fn: Redact):
 def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
     """The RequestLog the config asks for (None when request_log.enabled is false).
 
-    pii: the gateway's PiiRedactor when it has one (shared: one analyzer per process);
-    else the writer builds its own from gateway.pii, on first use, in its thread."""
+    Texts the gateway did not redact are redacted with gateway.pii's settings: in a child
+    process (request_log.redact_in: process, the default) or in the writer thread (thread:
+    with the gateway's PiiRedactor `pii` when there is one)."""
     from components.requestlog.store import SegmentSink, open_sink
 
     rl = cfg.request_log
@@ -228,14 +285,18 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
         spill = SegmentSink(cfg.request_log_spill_dir, int(rl.segment_max_mb * (1 << 20)), rl.segment_max_age_s)
 
     def redactor():
-        if pii is not None:
-            return pii
-        from components.gateway.pii import PiiRedactor
-
         settings = cfg.gateway.pii
         if settings.spacy_model_dir is not None:
             settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
-        return PiiRedactor(settings, cfg.home / "gateway", key_prefix=cfg.gateway.key_prefix)
+        if rl.redact_in == "process":
+            from components.requestlog.redactor_process import ProcessRedactor
+
+            return ProcessRedactor(settings.model_dump(mode="json"), str(cfg.home / "gateway"), cfg.gateway.key_prefix)
+        if pii is not None:
+            return InProcessRedactor(pii)
+        from components.gateway.pii import PiiRedactor
+
+        return InProcessRedactor(PiiRedactor(settings, cfg.home / "gateway", key_prefix=cfg.gateway.key_prefix))
 
     log.info("request log: %s (flushed every %g s)", sink, rl.flush_interval_s)
     return RequestLog(sink, rl.flush_interval_s, rl.texts, redactor, spill, metrics)
