@@ -294,6 +294,13 @@ def test_feedback_is_stored_with_the_log_and_bad_feedback_gets_400(loaded, tmp_p
         ok1 = await client.post("/v1/feedback", headers=h, json={"request_id": rid, "rating": -1,
                                                                  "correction": "4", "comment": "mail me at a@b.com"})
         ok2 = await client.post("/v1/feedback", headers=h, json={"request_id": body_id, "rating": 1})
+        import httpx
+        import openai
+
+        official = openai.AsyncOpenAI(base_url="http://test/v1", api_key=key, max_retries=0, http_client=httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"))
+        via_sdk = await official.post("/feedback", body={"request_id": rid, "rating": 0}, cast_to=object)
+        assert via_sdk["object"] == "feedback" and via_sdk["id"].startswith("fb_")  # the README's SDK call
         bad = [await client.post("/v1/feedback", headers=h, json=b) for b in (
             {"request_id": rid}, {"request_id": "nope", "rating": 1}, {"request_id": rid, "rating": 5},
             {"request_id": rid, "correction": ""}, {"request_id": rid, "rating": 1, "extra": 1})]
@@ -326,7 +333,7 @@ def test_feedback_is_stored_with_the_log_and_bad_feedback_gets_400(loaded, tmp_p
     rows = [json.loads(line) for line in (tmp_path / "fb" / "rows.jsonl").read_text().splitlines()]
     assert rows == [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}]
     assert lineage["feedback_ids"] == [fb[0]["feedback_id"]]
-    assert lineage["rejected"] == {"no correction (rating only)": 1, "from another key than the request": 1}
+    assert lineage["rejected"] == {"no correction (rating only)": 2, "from another key than the request": 1}
     prepared = prepare_dataset(cfg, train_path=tmp_path / "fb" / "rows.jsonl", eval_path=tmp_path / "fb" / "rows.jsonl")
     assert len(prepared.train) == 1 and not prepared.rejects
 
