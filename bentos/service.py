@@ -196,8 +196,24 @@ class TuneloopLLM:
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s: ready", seconds)
             self._monitoring_task = asyncio.get_running_loop().create_task(self._export_monitoring())
+            self._follow_champion()
         except Exception:
             log.exception("warm-up failed: the service stays not ready")
+
+    def _follow_champion(self) -> None:
+        """A new champion in the registry is swapped in without a restart (components/serving/hotswap.py)."""
+        from components.serving.hotswap import ChampionWatcher
+
+        if not SERVING.follow_champion_s:
+            return
+        why_not = ChampionWatcher.applies(CONFIG, self.server.served, self.engine)
+        if why_not:
+            log.info("not following the registry's champion: %s", why_not)
+            return
+        watcher = ChampionWatcher(CONFIG, self.server, self.engine, SERVING.follow_champion_s, self.metrics)
+        self._champion_task = asyncio.get_running_loop().create_task(watcher.run())
+        log.info("following the registry's champion (every %g s): a new one is swapped in without a restart",
+                 SERVING.follow_champion_s)
 
     async def _export_monitoring(self) -> None:
         """The latest monitoring run's scores on /metrics (components/monitoring/exporter.py)."""

@@ -482,6 +482,10 @@ class ServingConfig(Section):
     # CPU weights and KV cache: float32, bfloat16, or auto (bfloat16 where the CPU has
     # AVX-512 BF16 / AMX and a measured forward is faster, else float32). GPUs: bf16/fp16.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Follow the registry's champion: poll it this often and swap a new champion's weights in
+    # without a restart or a dropped request (slots engine, same architecture; hotswap.py).
+    # 0: off. Only a server of a registered version (a packaged bento) follows.
+    follow_champion_s: float = Field(30.0, ge=0)
 
 
 class TuneloopConfig(Section):

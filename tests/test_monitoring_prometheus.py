@@ -78,7 +78,7 @@ def test_prometheus_scrapes_the_bento_and_evaluates_the_rules(tmp_path):
                 time.sleep(2)
         assert tokens and float(tokens[0]["value"][1]) > 0, "the recording rule has no value"
         assert alerts, "the drift alert did not fire from the exported monitoring gauges"
-        version = query(prom, "count by (model) (tuneloop_num_requests_running)")["data"]["result"]
+        version = query(prom, "max by (model) (tuneloop_model_info) == 1")["data"]["result"]
         assert [v["metric"]["model"] for v in version] == ["tiny-chat:4"]
         up = query(prom, 'up{job="tuneloop-bento"}')["data"]["result"]
         assert float(up[0]["value"][1]) == 1

@@ -127,6 +127,7 @@ def test_models_completions_and_chat_sync(server):
     chat = client.chat.completions.create(model="tiny-chat@champion", max_tokens=6, seed=3, temperature=0.8,
                                           messages=[{"role": "system", "content": "Be brief."},
                                                     {"role": "user", "content": "Say hello"}])
+    assert chat.model == "tiny-chat:7"  # asked by alias, answered with the version actually serving
     again = client.chat.completions.create(model="tiny-chat@champion", max_tokens=6, seed=3, temperature=0.8,
                                            messages=[{"role": "system", "content": "Be brief."},
                                                      {"role": "user", "content": "Say hello"}])

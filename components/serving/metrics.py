@@ -59,6 +59,15 @@ class ServingMetrics:
         self.success = prom.Counter("tuneloop_request_success", "Generations finished", ["finish_reason"], **kw)
         self.retries = prom.Counter("tuneloop_internal_retries", "In-process calls retried", ["error"], **kw)
         self._labels = {"model": model, "engine": engine}
+        # Which version serves now (1) and which served before (0): the other series keep the
+        # label this process started with, also after a hot swap (components/serving/hotswap.py).
+        self.model_info = prom.Gauge("tuneloop_model_info", "1 for the model version this replica serves now",
+                                     ["model"], multiprocess_mode="livemax", **kw)
+        self.model_info.labels(model=model).set(1)
+
+    def serving(self, old: str, new: str) -> None:
+        self.model_info.labels(model=old).set(0)
+        self.model_info.labels(model=new).set(1)
 
     def observe_batch(self, size: int) -> None:
         self.batch_size.labels(engine=self.engine).observe(size)

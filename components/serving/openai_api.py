@@ -351,6 +351,9 @@ class OpenAIServer:
     metrics: Any = None  # components.serving.metrics.ServingMetrics, or None
     stream_interval_s: float = 0.0  # see GenerationStream: tokens within it share one chunk
     ready: bool = False  # set once warm-up is done
+    # Closed while a new model version is swapped in (components/serving/hotswap.py): new
+    # generations wait here, so each is answered wholly by one version.
+    swap_gate: asyncio.Event | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -973,6 +976,15 @@ async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
     return body.model_copy(update={"prompt": screened[0] if single else screened})
 
 
+async def _versioned(server: OpenAIServer, base: dict, record: RequestRecord | None) -> None:
+    """Wait out a model swap in progress, then name the version that will answer."""
+    while server.swap_gate is not None:
+        await server.swap_gate.wait()
+    base["model"] = server.served.id
+    if record is not None:
+        record.model, record.model_version = server.served.name, server.served.version
+
+
 def _log_prompt(record: RequestRecord | None, server: OpenAIServer, body, gate: RequestGate | None) -> None:
     """The prompt as the model sees it, into the request log (redacted when the gateway
     redacted it; else the log's writer redacts it before writing)."""
@@ -1057,8 +1069,8 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
     record = record_of(request)
-    if record is not None:
-        record.stream = bool(body.stream)
+    if record is not None:  # the version that answers (a hot swap never changes it mid-request)
+        record.stream, record.model, record.model_version = bool(body.stream), server.served.name, server.served.version
     key, hit = await _cached(gate, server, body, "completions")
     if hit is None:
         body = await _screen(gate, server, body)
@@ -1066,7 +1078,8 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if record is not None:
         record.response_id = rid
-    base = {"id": rid, "object": "text_completion", "created": created, "model": body.model,
+    # The version actually serving, as OpenAI answers a request for an alias with the snapshot's name.
+    base = {"id": rid, "object": "text_completion", "created": created, "model": server.served.id,
             "system_fingerprint": server.fingerprint}
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
@@ -1077,6 +1090,7 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
         prepared.echo = await gate.redact_output(prepared.echo)
     echo = prepared.echo
     await _reserve(gate, prepared)
+    await _versioned(server, base, record)
     gens = _Generations(server, prepared, rid, gate, record)
     logprobs = _CompletionLogprobs(server, body.logprobs, len(gens.streams), echo)
 
@@ -1123,8 +1137,8 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
     record = record_of(request)
-    if record is not None:
-        record.stream = bool(body.stream)
+    if record is not None:  # the version that answers (a hot swap never changes it mid-request)
+        record.stream, record.model, record.model_version = bool(body.stream), server.served.name, server.served.version
     key, hit = await _cached(gate, server, body, "chat")
     if hit is None:
         body = await _screen(gate, server, body)
@@ -1132,13 +1146,14 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if record is not None:
         record.response_id = rid
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": body.model,
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": server.served.id,
             "system_fingerprint": server.fingerprint}
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=True, record=record)
     prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
     await _reserve(gate, prepared)
+    await _versioned(server, base, record)
     gens = _Generations(server, prepared, rid, gate, record)
     logprobs = _ChatLogprobs(server) if body.logprobs else None
 

@@ -358,6 +358,8 @@ class SlotEngine:
         self._closed = False  # the thread has ended: nothing more is taken
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once compiled (at once without serving.compile)
+        self._swap: dict | None = None  # a pending weight swap (swap_weights)
+        self.swap_error: Exception | None = None
         # Decoding attention: our kernel over each row's own tokens where it builds and
         # agrees with sdpa on this model (slot_attention.py), else sdpa up to the longest row.
         # Chosen on the engine's thread at start (_main), not here: all model work stays on one
@@ -473,7 +475,7 @@ class SlotEngine:
         with torch.inference_mode():
             while True:
                 with self._wake:
-                    while not self._stopping and not self.rows and not self._inbox:
+                    while not self._stopping and not self.rows and not self._inbox and self._swap is None:
                         self._wake.wait(0.5)
                     if self._stopping:
                         return
@@ -488,12 +490,57 @@ class SlotEngine:
 
     def _step(self) -> None:
         self._drop_cancelled()
+        if self._swap is not None:  # draining for a weight swap: finish the running rows, admit none
+            if self.rows:
+                self._decode(len(self.rows))
+            else:
+                self._apply_swap()
+            return
         running = len(self.rows)  # rows 0..running-1 decode this step; newcomers come after them
         newcomers = self._admit()
         if newcomers:
             self._prefill(newcomers)  # gives each newcomer its first token; they decode from the next step
         if running:
             self._decode(running)
+
+    # ---- a new model's weights, with no request dropped ---------------------------------
+    def swap_weights(self, state: dict) -> threading.Event:
+        """Load `state` (a state dict of the same architecture) into the served model at a
+        step boundary: the running generations finish on the old weights while new ones
+        queue, then the weights are copied in place (compiled code and the KV cache stay
+        valid) and the queue is served by the new ones. No request is dropped and none mixes
+        two models. Returns an event set when done; `swap_error` then says if it failed
+        (the old weights stay)."""
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state))
+        wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+        if missing or wrong:
+            raise ValueError(f"not the served model's architecture: missing {missing[:3]}, other shapes {wrong[:3]}")
+        done = threading.Event()
+        with self._wake:
+            if self._swap is not None:
+                raise RuntimeError("a weight swap is already in progress")
+            self.swap_error = None
+            self._swap = {"state": state, "done": done}
+            self._wake.notify()
+        return done
+
+    def _apply_swap(self) -> None:
+        import torch
+
+        swap, started = self._swap, time.perf_counter()
+        try:
+            with torch.no_grad():
+                for name, tensor in self.model.state_dict().items():  # views of the parameters: copied in place
+                    tensor.copy_(swap["state"][name].to(device=tensor.device, dtype=tensor.dtype))
+            log.info("slots engine: new weights loaded in %.2f s", time.perf_counter() - started)
+        except Exception as exc:  # pragma: no cover - shapes were checked in swap_weights
+            log.exception("slots engine: the weight swap failed")
+            self.swap_error = exc
+        finally:
+            with self._wake:
+                self._swap = None
+            swap["done"].set()
 
     def _drop_cancelled(self) -> None:
         i = 0

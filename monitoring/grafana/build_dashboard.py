@@ -43,7 +43,7 @@ ROWS = [
         ("Drift scores (latest monitoring run)", "max by (score) (tuneloop_drift_score)", "short"),
         ("Drift detected / SLO breached", ["max(tuneloop_drift_detected)", "max by (objective) (tuneloop_slo_breached)"],
          "short"),
-        ("Model version serving", "count by (model) (tuneloop_num_requests_running)", "short"),
+        ("Model version serving", "max by (model) (tuneloop_model_info)", "short"),
     ]),
 ]
 
