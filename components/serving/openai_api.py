@@ -1063,24 +1063,32 @@ def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: b
     return Response(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def create_completion(server: OpenAIServer, body: CompletionRequest, request: Request):
+async def _begin(server: OpenAIServer, body, request: Request, route: str, id_prefix: str, obj: str):
+    """What both generation routes do first: (gate, request-log record, cache key, cached
+    answer or None, the body the model sees, the response's base fields)."""
     _check_model(server, body.model)
     gate = gate_of(request)
+    record = record_of(request)
+    if record is not None:
+        record.stream, record.model, record.model_version = bool(body.stream), server.served.name, server.served.version
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
-    record = record_of(request)
-    if record is not None:  # the version that answers (a hot swap never changes it mid-request)
-        record.stream, record.model, record.model_version = bool(body.stream), server.served.name, server.served.version
-    key, hit = await _cached(gate, server, body, "completions")
+    key, hit = await _cached(gate, server, body, route)
     if hit is None:
         body = await _screen(gate, server, body)
     _log_prompt(record, server, body, gate if hit is None else None)
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    rid = f"{id_prefix}-{uuid.uuid4().hex}"
     if record is not None:
         record.response_id = rid
-    # The version actually serving, as OpenAI answers a request for an alias with the snapshot's name.
-    base = {"id": rid, "object": "text_completion", "created": created, "model": server.served.id,
+    # `model`: the version actually serving, as OpenAI answers a request for an alias with the
+    # snapshot's name (set again by _versioned once a generation is admitted).
+    base = {"id": rid, "object": obj, "created": int(time.time()), "model": server.served.id,
             "system_fingerprint": server.fingerprint}
+    return gate, record, key, hit, body, base
+
+
+async def create_completion(server: OpenAIServer, body: CompletionRequest, request: Request):
+    gate, record, key, hit, body, base = await _begin(server, body, request, "completions", "cmpl", "text_completion")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=False, record=record)
@@ -1091,7 +1099,7 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     echo = prepared.echo
     await _reserve(gate, prepared)
     await _versioned(server, base, record)
-    gens = _Generations(server, prepared, rid, gate, record)
+    gens = _Generations(server, prepared, base["id"], gate, record)
     logprobs = _CompletionLogprobs(server, body.logprobs, len(gens.streams), echo)
 
     def stored(i: int, text: str, finish: str) -> dict:
@@ -1132,29 +1140,15 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
 
 
 async def create_chat_completion(server: OpenAIServer, body: ChatCompletionRequest, request: Request):
-    _check_model(server, body.model)
-    gate = gate_of(request)
-    # The cache first: a hit is an answer to this very request after the same screening
-    # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
-    record = record_of(request)
-    if record is not None:  # the version that answers (a hot swap never changes it mid-request)
-        record.stream, record.model, record.model_version = bool(body.stream), server.served.name, server.served.version
-    key, hit = await _cached(gate, server, body, "chat")
-    if hit is None:
-        body = await _screen(gate, server, body)
-    _log_prompt(record, server, body, gate if hit is None else None)
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    if record is not None:
-        record.response_id = rid
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": server.served.id,
-            "system_fingerprint": server.fingerprint}
+    gate, record, key, hit, body, base = await _begin(server, body, request, "chat", "chatcmpl",
+                                                      "chat.completion.chunk")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=True, record=record)
     prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
     await _reserve(gate, prepared)
     await _versioned(server, base, record)
-    gens = _Generations(server, prepared, rid, gate, record)
+    gens = _Generations(server, prepared, base["id"], gate, record)
     logprobs = _ChatLogprobs(server) if body.logprobs else None
 
     def stored(i: int, text: str, finish: str) -> dict:
