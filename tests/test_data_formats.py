@@ -183,8 +183,11 @@ def test_alpaca_json_array_pretty_printed(tmp_path):
                           {"role": "assistant", "content": "cold"}]
     assert b.messages[0]["content"] == "Name a colour." and b.completion == "red"
     assert c.messages[0]["content"] == "Add."
-    # Arrays: the id counts records, source_line is where the record starts in the file.
-    assert [e.example_id for e in result.examples] == ["alpaca.json:1", "alpaca.json:2", "alpaca.json:3"]
+    # Arrays: the id counts records ("record N", not a line), source_line is where the record
+    # starts in the file.
+    assert [e.example_id for e in result.examples] == ["alpaca.json record 1", "alpaca.json record 2",
+                                                       "alpaca.json record 3"]
+    assert [e.source_record for e in result.examples] == [1, 2, 3]
     assert [e.source_line for e in result.examples] == [2, 7, 12]
 
 
@@ -192,10 +195,13 @@ def test_alpaca_minified_array_and_jsonl(tmp_path):
     one_line = load_file(write(tmp_path / "min.json", json.dumps(ALPACA)))
     as_jsonl = load_file(write(tmp_path / "a.jsonl", jsonl(*ALPACA)))
     assert one_line.format == as_jsonl.format == "alpaca"
-    assert [e.example_id for e in one_line.examples] == ["min.json:1", "min.json:2", "min.json:3"]
+    assert [e.example_id for e in one_line.examples] == ["min.json record 1", "min.json record 2",
+                                                         "min.json record 3"]
     assert [e.source_line for e in one_line.examples] == [1, 1, 1]
     assert [e.messages for e in one_line.examples] == [e.messages for e in as_jsonl.examples]
     assert [e.source_line for e in as_jsonl.examples] == [1, 2, 3]
+    assert [e.example_id for e in as_jsonl.examples] == ["a.jsonl:1", "a.jsonl:2", "a.jsonl:3"]
+    assert [e.source_record for e in as_jsonl.examples] == [None, None, None]
 
 
 def test_alpaca_bad_records_in_array(tmp_path):
@@ -211,6 +217,17 @@ def test_alpaca_bad_records_in_array(tmp_path):
         (18, "missing field 'output'"),
     ]
     assert json.loads(result.rejects[0].raw) == rows[1]
+    # Where they are is said as a record number: a minified array has every record on line 1.
+    assert [r.source_record for r in result.rejects] == [2, 3, 4, 5]
+    assert str(result.rejects[0]) == f"{f} record 2: field 'input' must be a string, got number"
+    minified = load_file(write(tmp_path / "min.json", json.dumps(rows)))
+    assert [str(r).split(": ", 1)[0] for r in minified.rejects] == [f"{tmp_path / 'min.json'} record {n}"
+                                                                   for n in (2, 3, 4, 5)]
+    # A reject written to rejects.jsonl keeps its record; one from JSONL is written as before.
+    assert minified.rejects[0].to_dict()["source_record"] == 2
+    jsonl_reject = load_file(write(tmp_path / "bad.jsonl", jsonl(*rows))).rejects[0]
+    assert set(jsonl_reject.to_dict()) == {"source_file", "source_line", "reason", "raw"}
+    assert str(jsonl_reject).startswith(f"{tmp_path / 'bad.jsonl'}:2: ")
 
 
 def test_broken_json_array_is_a_file_error(tmp_path):
@@ -277,6 +294,17 @@ def test_ambiguous_and_unknown_formats_are_clear_errors(tmp_path):
     garbage = write(tmp_path / "garbage.jsonl", "hello\nworld\n")
     with pytest.raises(DataError, match="no JSON object rows"):
         load_file(garbage)
+    # In a JSON array the same messages name records, not lines.
+    mixed_array = write(tmp_path / "mixed.json", json.dumps([chat(("user", "q"), ("assistant", "a")),
+                                                            {"prompt": "p", "completion": "c"}]))
+    with pytest.raises(DataError, match=r"ambiguous format.*chat \(record 1\), legacy \(record 2\)"):
+        load_file(mixed_array)
+    both_array = write(tmp_path / "both.json", json.dumps([{"messages": [], "prompt": "p", "completion": "c"}]))
+    with pytest.raises(DataError, match=r"both.json record 1: ambiguous format"):
+        load_file(both_array)
+    strings = write(tmp_path / "strings.json", '["a", "b"]')
+    with pytest.raises(DataError, match=r"record 1: expected a JSON object, got string; record 2"):
+        load_file(strings)
 
 
 def test_explicit_format_overrides_detection(tmp_path):

@@ -68,6 +68,10 @@ def test_fine_tune_bless_promote_then_refuse_a_worse_model(tmp_path, shared_data
     assert first["champion_before"] is None
     assert first["champion_after"] == first["challenger"]["version"]
     assert first["deployment"]["deployed"], first["deployment"]
+    # Split by review (data.split_group_threshold): the nine templates of an eval review are
+    # all in eval, so "beats its base" is measured on reviews the model never saw.
+    manifest = json.loads((home / "datasets" / first["dataset_fingerprint"][:12] / "manifest.json").read_text())
+    assert manifest["split"] == "hash of near-duplicate groups", manifest["split"]
 
     cfg = load_config(good, environ={})
     registry = ModelRegistry.from_config(cfg)

@@ -8,7 +8,7 @@ import pytest
 
 from components.config import ValidationConfig
 from components.data.schema import Example
-from components.validation import find_pii, find_secrets, validate_dataset
+from components.validation import example_text, find_pii, find_secrets, validate_dataset
 
 FRUITS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "peach", "grape", "melon"]
 
@@ -41,6 +41,11 @@ def clean_sets(n_train: int = 40, n_eval: int = 10) -> tuple[list[Example], list
     return train, eval_
 
 
+def words(ex: Example) -> int:
+    """A tokenizer stand-in: words of the example's flat text."""
+    return len(example_text(ex).split())
+
+
 def by_name(report):
     return {e.name: e for e in report.expectations}
 
@@ -48,7 +53,7 @@ def by_name(report):
 def test_clean_set_passes_and_writes_data_docs(tmp_path):
     train, eval_ = clean_sets()
     docs = tmp_path / "docs"
-    report = validate_dataset(train, eval_, ValidationConfig(), lambda s: len(s.split()), docs)
+    report = validate_dataset(train, eval_, ValidationConfig(), words, docs)
 
     assert report.success, report.summary()
     assert report.failures == []
@@ -73,7 +78,8 @@ def test_poisoned_set_names_exactly_the_poisoned_ids(tmp_path):
         chat("dup.jsonl:1", train[0].messages[0]["content"], train[0].completion),
         chat("secret.jsonl:1", "How do I call the API?",
              "Use client = OpenAI(api_key='sk-proj-Q2xk9Vb7LmN3pRt5WyZa8cDe') and go."),
-        chat("email.jsonl:1", "Who do I contact?", "Write to jane.roe@example.org for help."),
+        # Not a reserved example.org address: those are documentation, not personal data.
+        chat("email.jsonl:1", "Who do I contact?", "Write to jane.roe@fastmail.com for help."),
         chat("card.jsonl:1", "Which card was charged?", "The card 4111 1111 1111 1111 was charged."),
         chat("long.jsonl:1", "Tell me a long story.", "word " * 900),  # 4500 chars > 4000
     ]
@@ -135,7 +141,7 @@ def test_token_bounds_with_whitespace_tokenizer(tmp_path):
     train.append(legacy("short.jsonl:1", "Hi", "yo"))  # "Hi\nyo" -> 2 tokens
     train.append(legacy("wordy.jsonl:1", "Count: " + "one two three " * 10, "done"))  # 32 tokens
     cfg = ValidationConfig(min_tokens=3, max_tokens=20)
-    report = validate_dataset(train, eval_, cfg, lambda s: len(s.split()), tmp_path)
+    report = validate_dataset(train, eval_, cfg, words, tmp_path)
     tokens = by_name(report)["example length in tokens"]
     assert not tokens.success
     assert dict(zip(tokens.failing_example_ids, tokens.failing_values)) == {"short.jsonl:1": 2, "wordy.jsonl:1": 32}
@@ -169,7 +175,7 @@ def test_real_sentiment_data_passes_with_label_check(tmp_path, shared_data):
             rows.append(legacy(f"{path.name}:{n}", d["prompt"], d["completion"].replace("<|endoftext|>", "")))
     train, eval_ = rows[:-40], rows[-40:]
     cfg = ValidationConfig(max_tokens=2048, max_duplicate_fraction=0.05)
-    report = validate_dataset(train, eval_, cfg, lambda s: len(s.split()), tmp_path)
+    report = validate_dataset(train, eval_, cfg, words, tmp_path)
     checks = by_name(report)
     assert checks["labels are balanced"].success
     assert checks["completion has no secrets"].success and checks["completion has no personal data"].success
@@ -201,7 +207,16 @@ def test_find_secrets(text, kinds):
 @pytest.mark.parametrize(
     "text, kinds",
     [
-        ("mail john.doe@example.com", ["email"]),
+        ("mail john.doe@gmail.com", ["email"]),
+        # Reserved for documentation (RFC 2606 / 6761) and the fictional 555-01xx numbers: not PII.
+        ("mail john.doe@example.com, ops@mail.example.org, x@example.net", []),
+        ("mail a@shop.test, b@host.example, c@nowhere.invalid, d@box.localhost", []),
+        ("mail john.doe@example.com or john@examples.com", ["email"]),  # one real address is enough
+        ("mail root@notexample.com", ["email"]),  # a suffix, not the reserved domain
+        ("call +1 (212) 555-0142, +1-800-555-0199, +1.415.555.0100 or +15555550123", []),
+        ("call +1 212 555 0200", ["phone"]),  # just past the fictional range
+        ("call +1 212 555 0099", ["phone"]),
+        ("call +44 20 5550 0150", ["phone"]),  # the range is North American only
         ("card 4111-1111-1111-1111", ["card_number"]),
         ("card 4111 1111 1111 1112", []),  # fails Luhn
         ("order 1234567890123456", []),  # no card issuer prefix

@@ -1,21 +1,26 @@
 """Turn the configured data files into a prepared, fingerprinted dataset on disk.
 
 prepare_dataset reads the train file (and an eval file, or splits one off), handles bad
-rows as the config says, and writes
+rows as the config says (data.on_bad_rows), applies the row policies (validation.pii, then
+validation.overlong: components/data/policies.py) to train and eval alike, and writes
 
     <home>/datasets/<fingerprint[:12]>/
         train.jsonl     normalised Examples, one per line (read_examples reads them back)
         eval.jsonl
-        rejects.jsonl   every bad row: file, line, reason and the raw text
-        manifest.json   fingerprint, counts, sources, format, split settings, rejects by reason
+        rejects.jsonl   every bad row: file, line (or record), reason and the raw text; and
+                        every row a policy dropped, truncated or redacted (action, policy)
+        manifest.json   fingerprint, counts, sources, format, split settings, rejects by
+                        reason, what each policy did
 
 The fingerprint hashes the content of the train and eval examples (not file names, not
 row order), so the same data gives the same folder and lineage can name the data a model
-was trained on.
+was trained on: the rows kept, as the policies left them, are what it hashes and what the
+training flow trains on.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,6 +32,7 @@ from typing import Any, Iterable
 
 from components.config import TuneloopConfig
 from components.data.formats import DataError, load_file
+from components.data.policies import TokenBudget, apply_length_policy, apply_pii_policy, presidio_redactor
 from components.data.schema import Example, Reject
 
 DATA_SUFFIXES = (".jsonl", ".json")
@@ -36,10 +42,11 @@ DATA_SUFFIXES = (".jsonl", ".json")
 class PreparedDataset:
     train: list[Example]
     eval: list[Example]
-    rejects: list[Reject]
+    rejects: list[Reject]  # rows in neither split: bad rows, rows a policy dropped
     fingerprint: str
     dir: Path
     manifest: dict[str, Any] = field(default_factory=dict)
+    changed: list[Reject] = field(default_factory=list)  # kept rows a policy truncated or redacted
 
     @property
     def train_path(self) -> Path:
@@ -60,13 +67,19 @@ class PreparedDataset:
                  else f"eval split off: fraction {m.get('eval_fraction')}, seed {m.get('seed')}")
         lines = [
             f"dataset {self.fingerprint[:12]} ({m.get('format')}): "
-            f"{len(self.train)} train, {len(self.eval)} eval, {len(self.rejects)} rejected",
+            f"{len(self.train)} train, {len(self.eval)} eval, {len(self.rejects)} rejected"
+            + (f", {len(self.changed)} changed" if self.changed else ""),
             f"  {split}",
         ]
         for reason, n in m.get("rejects_by_reason", {}).items():
             lines.append(f"  rejected {n} x {reason}")
-        if self.rejects:
-            lines.append(f"  rejected rows kept in {self.rejects_path}")
+        for reason, n in m.get("changed_by_reason", {}).items():
+            lines.append(f"  kept, changed: {n} x {reason}")
+        for name, p in m.get("policies", {}).items():
+            if not p.get("applied", True):
+                lines.append(f"  validation.{name}: {p['policy']}, not applied: {p['why']}")
+        if self.rejects or self.changed:
+            lines.append(f"  rejected and changed rows kept in {self.rejects_path}")
         lines.append(f"  written to {self.dir}")
         return "\n".join(lines)
 
@@ -82,31 +95,70 @@ def fingerprint(train: Iterable[Example], eval: Iterable[Example]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def split_examples(examples: list[Example], eval_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+def split_examples(examples: list[Example], eval_fraction: float, seed: int,
+                   group_threshold: float | None = None) -> tuple[list[Example], list[Example]]:
     """Deterministic train/eval split keyed by content, not by position.
 
-    Each example is ranked by a seeded hash of its prompt, and the lowest-ranked
-    round(n * eval_fraction) go to eval. Ranks do not depend on the other rows, so adding
-    rows moves few existing ones across the boundary, and rows sharing a prompt share a
-    rank and stay on one side (a duplicate cannot leak from train into eval).
-    Both sides keep file order.
+    Examples are grouped: rows sharing a prompt always, and with group_threshold also rows
+    whose prompts are near-duplicates (components/data/neardup.py: the same review under
+    nine templates is one group). Each group is ranked by a seeded hash of its smallest
+    prompt hash, and whole groups in rank order go to eval until round(n * eval_fraction)
+    rows are there. Ranks do not depend on the other rows, so adding rows moves few existing
+    ones across the boundary, and a group never straddles the split (neither a duplicate
+    nor a templated copy can leak from train into eval). Both sides keep file order.
     """
     n = len(examples)
     if n < 2:
         raise DataError(f"need at least 2 examples to split off an eval set, have {n}")
     n_eval = min(n - 1, max(1, round(n * eval_fraction)))
+    group_of = _prompt_groups(examples, group_threshold)
+    members: dict[int, list[Example]] = {}
+    for e, g in zip(examples, group_of):
+        members.setdefault(g, []).append(e)
+    if len(members) < 2:
+        raise DataError("every example has the same (or a near-duplicate) prompt: nothing left to train on "
+                        "after the eval split" + (" (data.split_group_threshold groups them)" if group_threshold else ""))
 
-    def rank(e: Example) -> tuple[str, str, str]:
-        key = hashlib.sha256(f"{seed}\0{e.prompt_hash}".encode()).hexdigest()
-        return key, e.content_hash, e.example_id
+    def rank(g: int) -> tuple[str, str]:
+        smallest = min(e.prompt_hash for e in members[g])
+        return hashlib.sha256(f"{seed}\0{smallest}".encode()).hexdigest(), smallest
 
-    ranked = sorted(examples, key=rank)
-    eval_prompts = {e.prompt_hash for e in ranked[:n_eval]}
-    eval = [e for e in examples if e.prompt_hash in eval_prompts]
-    train = [e for e in examples if e.prompt_hash not in eval_prompts]
-    if not train:
-        raise DataError("every example has the same prompt: nothing left to train on after the eval split")
+    eval_groups: set[int] = set()
+    taken = 0
+    for g in sorted(members, key=rank):
+        if taken >= n_eval or len(eval_groups) == len(members) - 1:
+            break
+        eval_groups.add(g)
+        taken += len(members[g])
+    eval = [e for e, g in zip(examples, group_of) if g in eval_groups]
+    train = [e for e, g in zip(examples, group_of) if g not in eval_groups]
     return train, eval
+
+
+def _prompt_groups(examples: list[Example], threshold: float | None) -> list[int]:
+    """A group id per example: equal prompt hashes share one; near-duplicates too if threshold."""
+    if threshold is None:
+        ids: dict[str, int] = {}
+        return [ids.setdefault(e.prompt_hash, len(ids)) for e in examples]
+    from components.data.neardup import near_duplicate_groups
+
+    groups = near_duplicate_groups([e.prompt_text for e in examples], threshold)
+    # Identical prompts join too, also those neardup cannot judge (no words): union-find.
+    parent = list(range(max(groups, default=-1) + 1))
+
+    def root(g: int) -> int:
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    first: dict[str, int] = {}
+    for e, g in zip(examples, groups):
+        other = first.setdefault(e.prompt_hash, g)
+        a, b = root(g), root(other)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return [root(g) for g in groups]
 
 
 def _data_files(path: Path) -> list[Path]:
@@ -137,9 +189,37 @@ def _load(path: Path, fmt: str) -> tuple[list[Example], list[Reject], list[dict[
     return examples, rejects, sources
 
 
-def _reason_kind(reason: str) -> str:
+def _reason_kind(r: Reject) -> str:
     # Counting by kind, not by exact text: "messages[3]" and "column 17" differ per row.
-    return re.sub(r"\d+", "N", reason)
+    kind = re.sub(r"\d+", "N", r.reason)
+    return f"{kind} (validation.{r.policy}: {r.action})" if r.policy else kind
+
+
+def _apply_policies(cfg: TuneloopConfig, examples: list[Example], budget: TokenBudget | None,
+                    make_redactor) -> tuple[list[Example], list[Reject]]:
+    """Personal data first (redacting changes lengths), then length."""
+    examples, touched = apply_pii_policy(examples, cfg.validation, make_redactor)
+    if budget is not None:
+        examples, too_long = apply_length_policy(examples, cfg.validation.overlong, budget)
+        touched += too_long
+    return examples, touched
+
+
+def _policies_manifest(cfg: TuneloopConfig, budget: TokenBudget | None, touched: list[Reject]) -> dict[str, Any]:
+    v = cfg.validation
+
+    def counts(policy: str) -> dict[str, int]:
+        return dict(Counter(r.action for r in touched if r.policy == policy))
+
+    overlong: dict[str, Any] = {"policy": v.overlong, "max_fraction": v.max_overlong_fraction}
+    if budget is None:
+        overlong.update(applied=False, why="no tokenizer given (prepare_dataset(..., budget=None))")
+    else:
+        overlong.update(max_tokens=budget.limit, max_tokens_from=budget.source, **counts("overlong"))
+    pii: dict[str, Any] = {"policy": v.pii, "max_fraction": v.max_pii_fraction, **counts("pii")}
+    if not (v.check_pii or v.check_secrets):
+        pii.update(applied=False, why="check_pii and check_secrets are off")
+    return {"pii": pii, "overlong": overlong}
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -159,11 +239,14 @@ def _write_json(path: Path, obj: Any) -> None:
 # ---------------------------------------------------------------------- entry points
 
 def prepare_dataset(cfg: TuneloopConfig, train_path: Path | str | None = None,
-                    eval_path: Path | str | None = None) -> PreparedDataset:
-    """Load, check, split and write the dataset the config (or the given paths) names.
+                    eval_path: Path | str | None = None, budget: TokenBudget | None = None) -> PreparedDataset:
+    """Load, check, apply the row policies, split and write the dataset the config (or the
+    given paths) names.
 
     Paths given here are taken as they are (relative to the working directory); paths from
     the config resolve against the config's project root. A path may be a folder of files.
+    budget: examples' tokens and the limit (validation.token_budget(cfg): the base model's
+    tokenizer); without it the length policy is not applied, and the manifest says so.
     Raises DataError on unusable files, or on any bad row when data.on_bad_rows is "fail".
     """
     d = cfg.data
@@ -192,15 +275,22 @@ def prepare_dataset(cfg: TuneloopConfig, train_path: Path | str | None = None,
     if "legacy" in formats and len(formats) > 1:
         raise DataError(f"cannot mix legacy prompt/completion rows with conversations: formats {formats}")
 
+    make_redactor = functools.cache(lambda: presidio_redactor(cfg))  # built on the first row to redact
+    examples, touched = _apply_policies(cfg, examples, budget, make_redactor)
+    eval_examples, eval_touched = _apply_policies(cfg, eval_examples, budget, make_redactor)
+    touched += eval_touched
+    rejects += [r for r in touched if r.action == "dropped"]
+    changed = [r for r in touched if r.action != "dropped"]
+
     if not examples:
         raise DataError(f"{train_file}: no usable training rows ({len(rejects)} rejected)")
     if eval_file is not None:
         if not eval_examples:
-            raise DataError(f"{eval_file}: no usable eval rows")
+            raise DataError(f"{eval_file}: no usable eval rows ({len(eval_touched)} dropped by the policies)")
         train = examples
         eval = eval_examples
     else:
-        train, eval = split_examples(examples, d.eval_fraction, d.seed)
+        train, eval = split_examples(examples, d.eval_fraction, d.seed, d.split_group_threshold)
 
     fp = fingerprint(train, eval)
     out = cfg.datasets_dir / fp[:12]
@@ -209,18 +299,23 @@ def prepare_dataset(cfg: TuneloopConfig, train_path: Path | str | None = None,
         "format": "+".join(formats),
         "counts": {"train": len(train), "eval": len(eval), "rejects": len(rejects)},
         "sources": {"train": train_sources, "eval": eval_sources},
-        "split": "file" if eval_file is not None else "hash",
+        "split": "file" if eval_file is not None else ("hash of near-duplicate groups" if d.split_group_threshold
+                                                        else "hash of the prompt"),
+        "split_group_threshold": None if eval_file is not None else d.split_group_threshold,
         "seed": d.seed,
         "eval_fraction": None if eval_file is not None else d.eval_fraction,
         "on_bad_rows": d.on_bad_rows,
-        "rejects_by_reason": dict(Counter(_reason_kind(r.reason) for r in rejects).most_common()),
+        "rejects_by_reason": dict(Counter(_reason_kind(r) for r in rejects).most_common()),
+        "changed_by_reason": dict(Counter(_reason_kind(r) for r in changed).most_common()),
+        "policies": _policies_manifest(cfg, budget, touched),
     }
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "train.jsonl", (e.to_dict() for e in train))
     _write_jsonl(out / "eval.jsonl", (e.to_dict() for e in eval))
-    _write_jsonl(out / "rejects.jsonl", (r.to_dict() for r in rejects))
+    _write_jsonl(out / "rejects.jsonl", (r.to_dict() for r in rejects + changed))
     _write_json(out / "manifest.json", manifest)  # last: its presence means the folder is complete
-    return PreparedDataset(train=train, eval=eval, rejects=rejects, fingerprint=fp, dir=out, manifest=manifest)
+    return PreparedDataset(train=train, eval=eval, rejects=rejects, fingerprint=fp, dir=out, manifest=manifest,
+                           changed=changed)
 
 
 def read_examples(path: Path | str) -> list[Example]:
@@ -269,5 +364,7 @@ def load_prepared(dir: Path | str) -> PreparedDataset:
     fp = fingerprint(train, eval)
     if fp != manifest.get("fingerprint"):
         raise DataError(f"{dir}: examples do not match the manifest's fingerprint (modified after preparation?)")
-    return PreparedDataset(train=train, eval=eval, rejects=_read_rejects(dir / "rejects.jsonl"),
-                           fingerprint=fp, dir=dir, manifest=manifest)
+    rows = _read_rejects(dir / "rejects.jsonl")
+    return PreparedDataset(train=train, eval=eval, rejects=[r for r in rows if r.action == "dropped"],
+                           fingerprint=fp, dir=dir, manifest=manifest,
+                           changed=[r for r in rows if r.action != "dropped"])

@@ -12,9 +12,10 @@ is dropped without a trace (blank lines are not rows: they are skipped). Problem
 file as a whole (missing, empty, not UTF-8, a JSON array that does not parse) raise DataError.
 
 Line numbers are 1-based lines of the file. example_id is "<file name>:<line>" for JSONL;
-for a JSON array it is "<file name>:<n>" with n the 1-based position of the record in the
-array (a minified array puts every record on line 1), while source_line (and a Reject's
-line) is still the line where the record starts, so an editor can jump to it.
+in a JSON array a row is a record, not a line (a minified array puts every record on line 1):
+example_id is "<file name> record <n>" with n the record's 1-based position in the array,
+a Reject and messages say "record <n>" too, and source_line is still the line where the
+record starts, so an editor can jump to it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ class _Record:
     raw: str  # the text as read
     value: Any = None
     error: str | None = None  # set when the text is not valid JSON
+    in_array: bool = False  # a record of a JSON array: its location is "record N", not a line
+
+    @property
+    def where(self) -> str:
+        return f"record {self.number}" if self.in_array else f"line {self.line}"
+
+    def at(self, path: Path | str) -> str:
+        """The record's location as messages and ids give it: "file:3" or "file record 3"."""
+        return f"{path} record {self.number}" if self.in_array else f"{path}:{self.line}"
 
 
 def _json_type(value: Any) -> str:
@@ -151,7 +161,7 @@ def _array_records(path: Path, text: str) -> list[_Record]:
             value, pos = decoder.raw_decode(text, start)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: invalid JSON array: {exc.msg} (column {exc.colno})") from None
-        records.append(_Record(line_at(start), len(records) + 1, text[start:pos], value=value))
+        records.append(_Record(line_at(start), len(records) + 1, text[start:pos], value=value, in_array=True))
         pos = ws.match(text, pos).end()
         if text.startswith(",", pos):
             pos = ws.match(text, pos + 1).end()
@@ -201,21 +211,21 @@ def detect_format(path: Path, records: list[_Record]) -> str:
     """The format named by the keys of the first records that are JSON objects."""
     objects = [r for r in records if isinstance(r.value, dict)][:DETECT_RECORDS]
     if not objects:
-        problems = "; ".join(f"line {r.line}: {r.error or 'expected a JSON object, got ' + _json_type(r.value)}"
+        problems = "; ".join(f"{r.where}: {r.error or 'expected a JSON object, got ' + _json_type(r.value)}"
                              for r in records[:3])
         raise DataError(f"{path}: no JSON object rows to tell the format from ({problems})")
-    seen: dict[str, int] = {}  # format -> first line that looks like it
+    seen: dict[str, str] = {}  # format -> where the first row that looks like it is
     for r in objects:
         fmts = _formats_of(set(r.value))
         if len(fmts) > 1:
             raise DataError(
-                f"{path}:{r.line}: ambiguous format: keys {sorted(r.value)} fit {' and '.join(fmts)}; "
+                f"{r.at(path)}: ambiguous format: keys {sorted(r.value)} fit {' and '.join(fmts)}; "
                 "set data.format explicitly"
             )
         if fmts:
-            seen.setdefault(fmts[0], r.line)
+            seen.setdefault(fmts[0], r.where)
     if len(seen) > 1:
-        where = ", ".join(f"{fmt} (line {line})" for fmt, line in seen.items())
+        where = ", ".join(f"{fmt} ({at})" for fmt, at in seen.items())
         raise DataError(f"{path}: ambiguous format: the first rows look like {where}; "
                         "use one format per file or set data.format explicitly")
     if not seen:
@@ -340,13 +350,15 @@ def load_file(path: Path | str, format: str = "auto") -> LoadResult:
                 raise RowError(f"expected a JSON object, got {_json_type(r.value)}")
             fields = normalise(r.value)
         except RowError as exc:
-            result.rejects.append(Reject(source_file=str(path), source_line=r.line, reason=str(exc), raw=r.raw))
+            result.rejects.append(Reject(source_file=str(path), source_line=r.line, reason=str(exc), raw=r.raw,
+                                         source_record=r.number if r.in_array else None))
             continue
         result.examples.append(Example(
-            example_id=f"{path.name}:{r.number}",
+            example_id=r.at(path.name),
             source_file=str(path),
             source_line=r.line,
             source_format=fmt,
+            source_record=r.number if r.in_array else None,
             **fields,
         ))
     return result

@@ -17,13 +17,14 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass
 class Example:
-    example_id: str  # "<file name>:<line>" -- readable and unique within a dataset
+    example_id: str  # "<file name>:<line>" ("<file name> record <n>" in a JSON array): readable, unique
     completion: str  # the text the model must learn to produce
     prompt: str | None = None  # legacy format only
     messages: list[dict[str, str]] | None = None  # chat-like formats: [{"role", "content"}...]
     source_file: str = ""
     source_line: int = 0
     source_format: str = ""
+    source_record: int | None = None  # JSON array files: the record's 1-based position
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -57,15 +58,34 @@ class Example:
 
 @dataclass
 class Reject:
-    """A row that could not become an Example, and why."""
+    """A row set aside or changed, and why.
+
+    A row that could not become an Example (action "dropped", policy None), or one a
+    validation policy dropped or changed (policy "overlong" or "pii", action "dropped",
+    "truncated" or "redacted"; a truncated or redacted row is in train/eval, changed).
+    """
 
     source_file: str
-    source_line: int
+    source_line: int  # where the row starts in the file (an editor can jump there)
     reason: str
-    raw: str  # the line (or record) as read, so nothing is lost
+    # The line (or record) as read, so nothing is lost; for a row a policy touched, the example
+    # as normalised, except for personal data or secrets: never copied here (the file is named).
+    raw: str
+    source_record: int | None = None  # JSON array files: the row is "record N", not a line
+    example_id: str = ""  # the example's id, for a row that became one
+    action: str = "dropped"
+    policy: str | None = None
+
+    @property
+    def location(self) -> str:
+        if self.source_record is not None:
+            return f"{self.source_file} record {self.source_record}"
+        return f"{self.source_file}:{self.source_line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Fields at their default are left out: a row that did not parse reads as it always did.
+        defaults = {"source_record": None, "example_id": "", "action": "dropped", "policy": None}
+        return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
 
     def __str__(self) -> str:
-        return f"{self.source_file}:{self.source_line}: {self.reason}"
+        return f"{self.location}: {self.reason}"
