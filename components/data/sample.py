@@ -189,6 +189,50 @@ def generate(seed: int = SEED) -> list[tuple[str, str, str]]:
     return rows
 
 
+# Traffic the sample set never had: longer, multi-sentence requests on other topics (trip
+# planning, cooking, home repairs, software). The demo sends these to show the monitoring
+# flow catching a topic shift (components/demo.py); they are not training data.
+CITIES = ["Lisbon", "Kyoto", "Oslo", "Quebec", "Porto", "Seville", "Bergen", "Krakow", "Valencia", "Tallinn"]
+MONTHS = ["March", "April", "May", "June", "September", "October", "November"]
+LIKES = ["old churches", "street food", "long walks", "small museums", "live music", "markets",
+         "bike rides", "quiet beaches", "bookshops", "gardens"]
+DISHES = ["a lentil soup", "a mushroom risotto", "a lemon cake", "flatbreads", "a vegetable curry",
+          "a tomato sauce", "pancakes", "a bean stew"]
+REPAIRS = ["a dripping kitchen tap", "a squeaky door hinge", "a cracked bathroom tile",
+           "a window that will not close", "a wobbly table leg", "a blocked shower drain"]
+TOOLS = ["a Python script", "a shell script", "a spreadsheet macro", "a small web page", "a SQL query"]
+GOALS = ["rename a few hundred photos by date", "merge two address lists", "count words in text files",
+         "back up a folder every night", "find duplicate rows in a table"]
+SHIFTED = [
+    "I am planning a trip to {city} in {month} with {k} friends. We enjoy {a} and {b}. Could you "
+    "suggest a plan for {d} days, and tell us what to pack and how to get around?",
+    "My family wants to cook {dish} for {k} guests this weekend, but one of them cannot eat nuts "
+    "and another avoids dairy. Which ingredients should we swap, and how long will it take?",
+    "There is {repair} in our flat and the landlord is away for {d} days. What tools do I need, "
+    "what should I check first, and when is it better to call a professional?",
+    "At work I need {tool} that can {goal}. I have never written one before. Can you explain the "
+    "steps, what could go wrong, and how I should test it before using it on real files?",
+    "We are visiting {city} in {month} and would like to see {a} without big crowds. Which days "
+    "of the week are calmer, and is it worth buying a {d}-day travel pass?",
+]
+
+
+def shifted_prompts(n: int, seed: int = 1) -> list[str]:
+    """n distinct user messages unlike the sample set (see SHIFTED), for the demo's drift."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        a, b = rng.sample(LIKES, 2)
+        text = rng.choice(SHIFTED).format(city=rng.choice(CITIES), month=rng.choice(MONTHS), k=rng.randint(2, 6),
+                                          a=a, b=b, d=rng.randint(2, 7), dish=rng.choice(DISHES),
+                                          repair=rng.choice(REPAIRS), tool=rng.choice(TOOLS), goal=rng.choice(GOALS))
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
 def readme(rows: list[tuple[str, str, str]], seed: int) -> str:
     tasks = Counter(task for task, _, _ in rows)
     examples = {}

@@ -134,6 +134,7 @@ def monitor(cfg, since: datetime | None = None, until: datetime | None = None,
             payload = {"scores": drift.scores, "drifted": drift.drifted, "window": result["window"],
                        "data_path": data["path"], "feedback_rows": data["feedback_rows"],
                        "feedback_ids": data["feedback_ids"], "reference_version": ref_info.get("version"),
+                       "init_from": m.retrain_init_from,
                        "report": result["report"]}
             result["events"].append({"event": RETRAIN_EVENT, "payload": payload})
             state["last_retrain_requested"] = time.time()

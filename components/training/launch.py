@@ -130,8 +130,10 @@ def _deepspeed_config_path(cfg: TuneloopConfig, path: Path | None, where: str) -
     return resolved
 
 
-def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path | str) -> list[TrainSpec]:
-    """One TrainSpec per entry of training.candidates (one spec if there are none).
+def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path | str,
+                    start_from: str | None = None) -> list[TrainSpec]:
+    """One TrainSpec per entry of training.candidates (one spec if there are none), each
+    starting from `start_from` (a model folder, e.g. the champion's) or the base model.
 
     Each candidate is a dict of overrides of the training section, validated like the
     section itself, so `{learning_rte: 1e-3}` is a ConfigError, not an ignored setting.
@@ -155,7 +157,7 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
         specs.append(
             TrainSpec(
                 name=f"cand-{i}",
-                base_model=cfg.base_model_ref,
+                base_model=start_from or cfg.base_model_ref,
                 train_path=str(train_path),
                 eval_path=str(eval_path) if eval_path.exists() else None,
                 output_dir=str(run_root / f"cand-{i}"),
