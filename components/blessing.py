@@ -145,7 +145,9 @@ def bless(
             continue
         if m not in candidate:
             have = ", ".join(sorted(candidate)) or "none"
-            record(m, "missing", "FAIL", f"{m}: missing from the candidate's metrics (candidate has: {have})")
+            hint = (" -- behaviour_* metrics come from evaluation.behaviour_suite, behaviour_<kind> only when "
+                    "the suite has cases of that kind" if m.startswith("behaviour_") else "")
+            record(m, "missing", "FAIL", f"{m}: missing from the candidate's metrics (candidate has: {have}){hint}")
             continue
         value = float(candidate[m])
         if t.value_threshold is not None:

@@ -199,6 +199,10 @@ class EvaluationConfig(Section):
     max_new_tokens: int = Field(32, ge=1)
     batch_size: int = Field(16, ge=1)
     max_examples: int | None = Field(None, ge=1)  # None: the whole eval split
+    # A behavioural test suite (YAML; components/behaviour.py, configs/behaviour/) run on
+    # every evaluated model: its behaviour_* metrics join the eval metrics, so blessing
+    # thresholds can name them. None: no behavioural tests.
+    behaviour_suite: Path | None = None
 
 
 class ValueThreshold(Section):
@@ -691,6 +695,13 @@ def load_config(path: Path | str | None = None, environ: dict[str, str] | None =
         cfg = TuneloopConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, where)) from None
+    # Said now, not after a training run whose blessing could only fail on a missing metric.
+    behavioural = [t.metric for t in cfg.blessing.thresholds if t.metric.startswith("behaviour_")]
+    if behavioural and cfg.evaluation.behaviour_suite is None:
+        raise ConfigError(
+            f"{where}: blessing.thresholds name {', '.join(behavioural)} but evaluation.behaviour_suite "
+            "is not set: name a suite file (configs/behaviour/) or drop those thresholds"
+        )
     cfg._source = Path(path) if path else None
     cfg._base_dir = base_dir
     return cfg

@@ -250,6 +250,16 @@ def _generate(model, tokenizer, examples, batch_size: int, max_new_tokens: int, 
     return texts, counts, seconds, truncated
 
 
+def generate_answers(model, tokenizer, examples: list[Example], cfg: EvaluationConfig) -> list[str]:
+    """Greedy, cleaned answers to `examples` in their order: evaluate_model's generation pass,
+    for checks that must answer exactly as the evaluation does (components/behaviour.py)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(examples), disable=True) as bar:
+        texts, _, _, _ = _generate(model, tokenizer, examples, cfg.batch_size, cfg.max_new_tokens, bar)
+    return texts
+
+
 def evaluate_model(
     model_ref: str | Path,
     examples: list[Example],

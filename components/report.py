@@ -5,12 +5,16 @@
 - training_loss.png: loss curve(s) of the candidate trainings.
 - metrics_comparison.png: one small panel per metric (their scales differ too much for a
   shared axis), one bar per model.
+- behaviour.json (when a behaviour suite ran, components/behaviour.py): every model's
+  behavioural results, each case with its prompts and answers; summary.md lists the
+  challenger's failing cases.
 
 The flow logs these files to MLflow and publishes them as Prefect artifacts.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,10 +23,11 @@ from components.blessing import Blessing
 
 # Shown first and in this order; any other numeric metric follows alphabetically.
 METRIC_ORDER = [
-    "exact_match", "token_f1", "rouge_l", "eval_loss", "perplexity", "ms_per_token", "tokens_per_second",
+    "exact_match", "token_f1", "rouge_l", "behaviour_pass_rate", "behaviour_mft", "behaviour_inv", "behaviour_dir",
+    "eval_loss", "perplexity", "ms_per_token", "tokens_per_second",
 ]
 # Bookkeeping counts: in the table, not worth a plot panel.
-NOT_PLOTTED = {"num_examples", "eval_tokens", "generated_tokens", "prompts_truncated"}
+NOT_PLOTTED = {"num_examples", "eval_tokens", "generated_tokens", "prompts_truncated", "behaviour_cases"}
 LOWER_IS_BETTER = {"eval_loss", "perplexity", "ms_per_token"}
 
 
@@ -64,6 +69,40 @@ def metrics_markdown(table: dict[str, dict[str, float]]) -> str:
         arrow = " ↓" if m in LOWER_IS_BETTER else ""
         lines.append(f"| {m}{arrow} | " + " | ".join(_cell(table[label].get(m)) for label in labels) + " |")
     return "\n".join(lines)
+
+
+def _one_line(text: str, limit: int = 140) -> str:
+    text = " / ".join(line.strip() for line in str(text).splitlines() if line.strip()).replace("`", "'")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def behaviour_markdown(behaviour: dict[str, dict[str, Any]], challenger: str | None) -> list[str]:
+    """Cases passed per task and model, then the failing cases (challenger's, else every model's)."""
+    labels = list(behaviour)
+    tasks = sorted({t for r in behaviour.values() for t in r.get("by_task", {})})
+    md = ["## Behavioural tests", "", f"Suite: {next(iter(behaviour.values())).get('suite', '?')} "
+          "(passed / cases per task; prompts and answers of every case in behaviour.json)", "",
+          "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for task in tasks:
+        cells = [behaviour[label].get("by_task", {}).get(task) for label in labels]
+        md.append(f"| {task} | " + " | ".join(f"{c['passed']}/{c['cases']}" if c else "–" for c in cells) + " |")
+    md.append("")
+    for label in [challenger] if challenger in behaviour else labels:
+        failures = behaviour[label].get("failures", [])
+        total = len(behaviour[label].get("cases", [])) or "?"
+        md += [f"### Failing cases of {label}: {len(failures)} of {total}", ""]
+        if not failures:
+            md += ["(none)", ""]
+            continue
+        for case in failures:
+            wrong = [a for a in case["answers"] if not a["ok"]]
+            head = f"- **{case['name']}** ({case['kind']}{', ' + case['task'] if case.get('task') else ''})"
+            md.append(head if wrong else f"{head}: {_one_line(case['reason'], 300)}")  # inv: answers differ
+            md += [f"  - `{_one_line(a['prompt'])}` → `{_one_line(a['answer'], 60)}`"
+                   + (f", expected `{_one_line(a['expected'], 60)}`" if a["expected"] is not None else "")
+                   for a in wrong or case["answers"]]
+        md.append("")
+    return md
 
 
 def _plot_losses(histories: dict[str, Any], path: Path) -> None:
@@ -114,13 +153,18 @@ def write_report(
     metrics_table: dict[str, dict[str, float]],
     blessing: Blessing | None,
     title: str = "tuneloop run report",
+    behaviour: dict[str, dict[str, Any]] | None = None,
+    challenger: str | None = None,
 ) -> dict[str, Path]:
     """Write summary.md, training_loss.png and metrics_comparison.png into out_dir.
 
     train_loss_histories: {label: history} or one history; a history is a list of losses,
     of (step, loss) pairs, or a Trainer log_history. metrics_table: {model label: metrics},
     e.g. {"challenger": ..., "champion": ..., "base": ..., "candidate lr=3e-3": ...}.
-    Returns {"summary": path, "training_loss": path, "metrics_comparison": path}.
+    behaviour: {model label: BehaviourResult.to_dict()}, written to behaviour.json; the
+    summary lists the failing cases of `challenger` (a label of it), else of every model.
+    Returns {"summary": path, "training_loss": path, "metrics_comparison": path} (and
+    "behaviour": path with behaviour).
     """
     import matplotlib
 
@@ -158,6 +202,10 @@ def write_report(
         md += ["## Training", "", "| run | final training loss |", "|---|---|"]
         md += [f"| {label} | {loss:.4g} |" for label, loss in finals.items()]
         md.append("")
+    if behaviour:
+        md += behaviour_markdown(behaviour, challenger)
+        paths["behaviour"] = out / "behaviour.json"
+        paths["behaviour"].write_text(json.dumps(behaviour, indent=2, ensure_ascii=False, default=float))
     md += ["![training loss](training_loss.png)", "", "![metrics](metrics_comparison.png)", ""]
     paths["summary"].write_text("\n".join(md))
     return paths

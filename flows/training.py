@@ -78,6 +78,16 @@ def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> dict[
 
 
 @task(cache_policy=NO_CACHE)
+def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str) -> dict[str, Any]:
+    """The behavioural suite (evaluation.behaviour_suite) on one model: BehaviourResult.to_dict()."""
+    from components.behaviour import run_suite
+
+    result = run_suite(model_ref, cfg.resolve(cfg.evaluation.behaviour_suite), cfg.evaluation)
+    get_run_logger().info("%s: %s", label, result.summary())
+    return result.to_dict()
+
+
+@task(cache_policy=NO_CACHE)
 def champion_snapshot(cfg: TuneloopConfig):
     """The champion as seen before evaluation: promotion later compares-and-sets against it."""
     from components.registry import ModelRegistry
@@ -153,10 +163,20 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         run_root = cfg.runs_dir / parent.info.run_id
         metrics_table: dict[str, dict] = {}
         histories: dict[str, list] = {}
+        behaviour: dict[str, dict] = {}  # model label -> behavioural results, for the report
 
-        metrics_table["base"] = evaluate(cfg, base_ref, prepared.eval, "base")
+        def assess(model_ref: str, label: str) -> dict[str, Any]:
+            """Eval-split metrics, plus the behaviour_* metrics when a suite is configured, so
+            selection, blessing thresholds and MLflow see them like any other metric."""
+            metrics = evaluate(cfg, model_ref, prepared.eval, label)
+            if cfg.evaluation.behaviour_suite is not None:
+                behaviour[label] = check_behaviour(cfg, model_ref, label)
+                metrics = {**metrics, **behaviour[label]["metrics"]}
+            return metrics
+
+        metrics_table["base"] = assess(base_ref, "base")  # a bad suite file fails here, before training
         if champion_dir is not None:
-            metrics_table[f"champion v{champion_version}"] = evaluate(cfg, champion_dir, prepared.eval, "champion")
+            metrics_table[f"champion v{champion_version}"] = assess(champion_dir, f"champion v{champion_version}")
 
         start_from = champion_dir if cfg.training.init_from == "champion" and champion_dir else None
         logger.info("candidates start from %s", f"the champion v{champion_version}" if start_from else "the base model")
@@ -169,7 +189,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
                 for step, loss in histories[spec.name]:
                     mlflow.log_metric("train_loss", loss, step=int(step))
                 mlflow.log_params({f"candidate.{k}": v for k, v in spec.overrides.items()} or {"candidate": "default"})
-                metrics = evaluate(cfg, str(result.model_dir), prepared.eval, spec.name)
+                metrics = assess(str(result.model_dir), spec.name)
                 mlflow.log_metrics(metrics)
                 metrics_table[spec.name] = metrics
                 candidates.append((spec, result, metrics, child.info.run_id))
@@ -189,7 +209,8 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         from components.monitoring.reference import log_reference
 
         log_reference(child_run, prepared.train, cfg.monitoring.drift.reference_rows, cfg.mlflow_tracking_uri)
-        report_paths = write_report(run_root / "report", histories, metrics_table, blessing)
+        report_paths = write_report(run_root / "report", histories, metrics_table, blessing,
+                                    behaviour=behaviour or None, challenger=spec.name)
         for p in report_paths.values():
             mlflow.log_artifact(str(p), "report")
         create_markdown_artifact(
@@ -211,6 +232,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             "init_from": f"champion v{champion_version}" if start_from else "base",
             "blessed": blessing.blessed,
             "reasons": blessing.reasons,
+            "behaviour_failures": [c["name"] for c in behaviour.get(spec.name, {}).get("failures", [])],
             "promoted": bool(promotion and promotion.promoted),
             "promotion_refused": refused,
             "champion_after": promotion.version if promotion and promotion.promoted else champion_version,
