@@ -161,6 +161,31 @@ class LoraConfig(Section):
     target_modules: list[str] | None = None  # None: peft's default for the architecture
 
 
+class TrainingK8sConfig(Section):
+    """training.kubernetes: where and how training runs on a cluster (components/training/kubernetes.py:
+    Kubeflow Trainer v2 TrainJob, or a Training Operator 1.9 PyTorchJob)."""
+
+    compute: Literal["local", "kubernetes"] = "local"  # local: launch_training, as today
+    api: Literal["trainjob", "pytorchjob"] = "trainjob"  # Trainer v2 TrainJob, or Training Operator 1.9
+    # TrainJob only: the ClusterTrainingRuntime (installed with Kubeflow Trainer).
+    runtime: Literal["torch-distributed", "deepspeed-distributed"] = "torch-distributed"
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(1, ge=0)  # 0: CPU nodes, training.num_processes processes each
+    image: str = "tuneloop:latest"  # infra/images/tuneloop.Dockerfile: same code as the flow's
+    namespace: str = "tuneloop"
+    service_account: str | None = None  # None: the namespace's default
+    shared_volume_claim: str = "tuneloop-shared"  # ReadWriteMany, mounted here in the flow's pod too
+    shared_mount_path: str = "/shared"
+    cpu_per_node: str | None = None  # Kubernetes quantities; None: not requested
+    memory_per_node: str | None = None
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]  # the GPU operator's taint
+    timeout_s: float | None = Field(None, gt=0)  # the job's deadline (activeDeadlineSeconds); None: none
+    poll_interval_s: float = Field(5.0, gt=0)
+    delete_after: Literal["always", "success", "never"] = "success"  # failed jobs stay for kubectl describe
+
+
 class TrainingConfig(Section):
     method: Literal["full", "lora"] = "full"
     # Where a run's weights start: the base model, or the current champion (continued
@@ -190,6 +215,8 @@ class TrainingConfig(Section):
     # section (e.g. [{learning_rate: 1e-3}, {learning_rate: 3e-3}]); empty = one candidate.
     candidates: list[dict[str, Any]] = []
     # The eval metric that picks the challenger among candidates, and its direction.
+    # compute: local (launch_training on this machine) or kubernetes (a TrainJob per candidate).
+    kubernetes: TrainingK8sConfig = TrainingK8sConfig()
     selection_metric: str = "exact_match"
     selection_higher_is_better: bool = True
     output_dir: Path | None = None  # None: <home>/runs

@@ -60,12 +60,12 @@ def validate_data(cfg: TuneloopConfig, prepared):
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
-def train_candidate(spec):
-    """A real multi-process job; its log streams into this task's log. A retry resumes from the last checkpoint."""
-    from components.training.launch import launch_training
+def train_candidate(spec, k8s=None):
+    """A real multi-process job, here or as a Kubernetes TrainJob (training.kubernetes.compute);
+    its log streams into this task's log. A retry resumes from the last checkpoint."""
+    from components.training.kubernetes import run_training
 
-    logger = get_run_logger()
-    return launch_training(spec, on_log=logger.info)
+    return run_training(spec, k8s, on_log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
@@ -184,7 +184,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         candidates = []
         for spec in candidate_specs(cfg, prepared.dir, run_root, start_from=start_from):
             with mlflow.start_run(run_name=spec.name, nested=True) as child:
-                result = train_candidate(spec)
+                result = train_candidate(spec, cfg.training.kubernetes)
                 histories[spec.name] = result.train_result.get("loss_history", [])
                 for step, loss in histories[spec.name]:
                     mlflow.log_metric("train_loss", loss, step=int(step))

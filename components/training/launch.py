@@ -141,7 +141,7 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
     dataset_dir, run_root = Path(dataset_dir), Path(run_root)
     train_path = dataset_dir / "train.jsonl"
     eval_path = dataset_dir / "eval.jsonl"
-    section = cfg.training.model_dump(mode="json", exclude={"candidates"})
+    section = cfg.training.model_dump(mode="json", exclude={"candidates", "kubernetes"})
     specs = []
     for i, overrides in enumerate(cfg.training.candidates or [{}]):
         where = f"{cfg.source or 'config'}: training.candidates[{i}]"
@@ -161,7 +161,7 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
                 train_path=str(train_path),
                 eval_path=str(eval_path) if eval_path.exists() else None,
                 output_dir=str(run_root / f"cand-{i}"),
-                training=training.model_dump(mode="json", exclude={"candidates"}),
+                training=training.model_dump(mode="json", exclude={"candidates", "kubernetes"}),
                 deepspeed_config=str(ds) if ds else None,
                 num_processes=training.num_processes,
                 launcher=training.launcher,
