@@ -56,6 +56,9 @@ class BentoConfig(Section):
     # The Docker image a deployed bento describes: cpu (python slim + torch CPU wheel) or
     # gpu (nvidia/cuda base + torch CUDA wheel). See components/packaging.py.
     target: Literal["cpu", "gpu"] = "cpu"
+    # The engine a gpu bento serves with: vllm (installed in the image's own venv by
+    # bentos/setup_vllm.sh) or the serving section's engine as configured.
+    gpu_engine: Literal["vllm", "configured"] = "vllm"
     # Infra validation: how long the built bento may take to answer /readyz.
     validation_timeout_s: float = Field(240.0, gt=0)
 

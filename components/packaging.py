@@ -74,8 +74,11 @@ CUDA_VERSION = "12.8"
 TARGETS = {
     # target -> (bento name, docker options)
     "cpu": ("tuneloop_llm", {"distro": "debian", "python_version": "3.11"}),
-    "gpu": ("tuneloop_llm_cuda", {"distro": "debian", "python_version": "3.11", "cuda_version": CUDA_VERSION}),
+    "gpu": ("tuneloop_llm_cuda", {"distro": "debian", "python_version": "3.11", "cuda_version": CUDA_VERSION,
+                                  # vLLM in its own venv (/opt/vllm), for bento.gpu_engine: vllm
+                                  "setup_script": "bentos/setup_vllm.sh"}),
 }
+GPU_VLLM_PYTHON = "/opt/vllm/bin/python"  # where bentos/setup_vllm.sh puts vLLM in the gpu image
 
 # Label keys on the BentoML model and the bento: the way back to MLflow.
 LABEL_MODEL = "mlflow.registered_model"
@@ -289,9 +292,12 @@ def _packages_for(target: str, names: list[str]) -> tuple[list[str], list[str]]:
     return pins, extra_index
 
 
-def packaged_serving_config(cfg: TuneloopConfig, model_tag: str, info) -> dict[str, Any]:
-    """The config the bento carries: this config's serving section, bound to the imported model."""
+def packaged_serving_config(cfg: TuneloopConfig, model_tag: str, info, target: str = "cpu") -> dict[str, Any]:
+    """The config the bento carries: this config's serving section, bound to the imported model
+    (a gpu bento with bento.gpu_engine vllm: the vLLM engine from the image's /opt/vllm)."""
     serving = cfg.serving.model_dump(mode="json")
+    if target == "gpu" and cfg.bento.gpu_engine == "vllm":
+        serving.update(engine="vllm", vllm_python=GPU_VLLM_PYTHON)
     serving.update(
         bento_model=model_tag,
         model_dir=None,
@@ -393,7 +399,7 @@ def build_bento(cfg: TuneloopConfig, model_tag: str, version_info, target: str |
         _stage_sources(staging, bentofile)
         (staging / PACKAGED_CONFIG).write_text(
             "# Written by tuneloop packaging (components/packaging.py): the serving config of this bento.\n"
-            + yaml.safe_dump(packaged_serving_config(cfg, model_tag, info), sort_keys=False)
+            + yaml.safe_dump(packaged_serving_config(cfg, model_tag, info, target), sort_keys=False)
         )
         (staging / "bentofile.yaml").write_text(yaml.safe_dump(bentofile, sort_keys=False))
         cmd = [sys.executable, "-m", "bentoml", "build", "-f", str(staging / "bentofile.yaml"), "-o", "tag", str(staging)]

@@ -169,6 +169,14 @@ def test_gpu_bento_describes_a_cuda_image(setup):
     assert "FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04" in dockerfile
     requirements = (bento_dir / "env" / "python" / "requirements.txt").read_text()
     assert "+cpu" not in requirements and "download.pytorch.org" not in requirements
+    # the gateway's and request log's libraries are in the image, not only on this machine
+    for package in ("mlflow==", "redis==", "presidio_analyzer==", "sentence_transformers==", "psycopg=="):
+        assert package in requirements.lower().replace("-", "_"), package
+    # vLLM in its own venv, and the packaged config serves with it
+    assert "RUN /home/bentoml/bento/env/docker/setup_script" in dockerfile
+    assert "/opt/vllm/bin/pip install" in (bento_dir / "env" / "docker" / "setup_script").read_text()
+    packaged = yaml.safe_load((bento_dir / "src" / "bentos" / "packaged_config.yaml").read_text())
+    assert packaged["serving"]["engine"] == "vllm" and packaged["serving"]["vllm_python"] == "/opt/vllm/bin/python"
     assert "bentoml containerize " + tag in packaging.containerize_command(cfg, tag)
 
 
