@@ -19,6 +19,7 @@ from components.config import ValidationConfig
 from components.data.schema import Example
 from components.gate_report import REPORT_NAME, render_gate_report
 from components.validation import MAX_LISTED_IDS, ExpectationOutcome, ValidationReport, validate_dataset
+from tests.test_validation import chat
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(
@@ -31,13 +32,6 @@ EMAIL = "jane.roe@fastmail.com"
 PLANTED = (SECRET, CARD, CARD.replace(" ", ""), EMAIL)
 
 
-def chat(example_id: str, question: str, answer: str) -> Example:
-    return Example(
-        example_id=example_id,
-        completion=answer,
-        messages=[{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
-        source_format="chat",
-    )
 
 
 def failing_dataset() -> tuple[list[Example], list[Example]]:

@@ -144,13 +144,7 @@ def render_trainjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None =
     if resources:
         trainer["resourcesPerNode"] = resources
     volume, mount = _shared_volume(cfg)
-    pod: dict[str, Any] = {"volumes": [volume], "containers": [{"name": TRAINER_CONTAINER, "volumeMounts": [mount]}]}
-    if cfg.node_selector:
-        pod["nodeSelector"] = dict(cfg.node_selector)
-    if cfg.gpus_per_node and cfg.tolerations:
-        pod["tolerations"] = [dict(t) for t in cfg.tolerations]
-    if cfg.service_account:
-        pod["serviceAccountName"] = cfg.service_account
+    pod = _scheduled({"volumes": [volume], "containers": [{"name": TRAINER_CONTAINER, "volumeMounts": [mount]}]}, cfg)
     # deepspeed-distributed: the launcher and the nodes both run the training (runLauncherAsNode).
     jobs = ["node"] if cfg.runtime == "torch-distributed" else ["launcher", "node"]
     body: dict[str, Any] = {
@@ -172,6 +166,17 @@ def render_trainjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None =
     return body
 
 
+def _scheduled(pod: dict[str, Any], cfg: TrainingK8sConfig) -> dict[str, Any]:
+    """A pod spec with where it may run: node selector, GPU tolerations, service account."""
+    if cfg.node_selector:
+        pod["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.gpus_per_node and cfg.tolerations:
+        pod["tolerations"] = [dict(t) for t in cfg.tolerations]
+    if cfg.service_account:
+        pod["serviceAccountName"] = cfg.service_account
+    return pod
+
+
 def render_pytorchjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None,
                       name: str | None = None) -> dict[str, Any]:
     """A Training Operator 1.9 PyTorchJob: one Master and nodes-1 Workers."""
@@ -191,13 +196,7 @@ def render_pytorchjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None
     resources = _resources(cfg)
     if resources:
         container["resources"] = resources
-    pod: dict[str, Any] = {"containers": [container], "volumes": [volume]}
-    if cfg.node_selector:
-        pod["nodeSelector"] = dict(cfg.node_selector)
-    if cfg.gpus_per_node and cfg.tolerations:
-        pod["tolerations"] = [dict(t) for t in cfg.tolerations]
-    if cfg.service_account:
-        pod["serviceAccountName"] = cfg.service_account
+    pod = _scheduled({"containers": [container], "volumes": [volume]}, cfg)
 
     def replica(n: int) -> dict[str, Any]:
         # Never + backoffLimit 0: a failure is final and reported; the flow's task retry resubmits,
