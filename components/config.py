@@ -42,7 +42,9 @@ class PathsConfig(Section):
 
 class MlflowConfig(Section):
     tracking_uri: str | None = None  # None: sqlite:///<home>/mlflow.db
-    artifact_location: str | None = None  # None: <home>/mlartifacts
+    # None: <home>/mlartifacts for a local store; for an http(s) tracking server, the server's
+    # own (with `--serve-artifacts`: uploaded and downloaded over HTTP, readable everywhere).
+    artifact_location: str | None = None
     experiment: str = "tuneloop"
     registered_model: str = "tuneloop-chat"
 
@@ -602,8 +604,12 @@ class TuneloopConfig(Section):
         return self.mlflow.tracking_uri or f"sqlite:///{self.home / 'mlflow.db'}"
 
     @property
-    def mlflow_artifact_location(self) -> str:
-        return self.mlflow.artifact_location or (self.home / "mlartifacts").as_uri()
+    def mlflow_artifact_location(self) -> str | None:
+        if self.mlflow.artifact_location:
+            return self.mlflow.artifact_location
+        if self.mlflow_tracking_uri.split(":", 1)[0] in ("http", "https"):
+            return None  # a folder here would be invisible to every other machine
+        return (self.home / "mlartifacts").as_uri()
 
     @property
     def bentoml_home(self) -> Path:

@@ -70,6 +70,21 @@ def prefect_server(tmp: Path):
         yield env
 
 
+@contextmanager
+def mlflow_server(tmp: Path, backend_store_uri: str, workers: int = 2):
+    """A real `mlflow server` on a free port: runs and registry in backend_store_uri, artifacts
+    served over HTTP (`--serve-artifacts`, stored under tmp/mlflow-artifacts), Host header
+    checked (`--allowed-hosts`, MLflow >= 3.5 refuses others); yields its URL."""
+    port = free_port()
+    cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+           "--backend-store-uri", backend_store_uri, "--serve-artifacts",
+           "--artifacts-destination", (tmp / "mlflow-artifacts").as_uri(),
+           "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
+    url = f"http://127.0.0.1:{port}"
+    with service(cmd, f"{url}/health", tmp / f"mlflow-server-{port}.log", timeout=180):
+        yield url
+
+
 def redis_available() -> bool:
     import shutil
 
@@ -114,6 +129,93 @@ def redis_server(tmp: Path, port: int | None = None):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _postgres_bin(name: str) -> str | None:
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
+    return found[-1] if found else shutil.which(name)
+
+
+@contextmanager
+def postgres_server(tmp: Path, databases: tuple[str, ...] = ()):
+    """A real PostgreSQL (Debian's `postgresql` binaries, installed by `make install`) in a
+    fresh cluster on a free port of 127.0.0.1, TCP only, trust auth for its one superuser
+    `tuneloop`; creates `databases` and yields the SQLAlchemy base URL
+    `postgresql+psycopg://tuneloop@127.0.0.1:<port>` (append `/<database>`).
+
+    Postgres refuses to run as root: as root, the cluster belongs to the `postgres` system
+    user (which the Debian package creates) and runs through `runuser`; it lives in its
+    own folder under the system temp dir, since pytest's tmp folders are root-only (0700)."""
+    import pwd
+    import shutil
+    import tempfile
+
+    import pytest
+
+    initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
+    if not (initdb and postgres):
+        pytest.skip("PostgreSQL is not installed (make install puts Debian's postgresql in place)")
+    prefix: list[str] = []
+    owner = None
+    if os.getuid() == 0:
+        runuser = shutil.which("runuser")
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            owner = None
+        if runuser is None or owner is None:
+            pytest.skip("running as root, and there is no `postgres` user or no runuser to start PostgreSQL as")
+        prefix = [runuser, "-u", "postgres", "--"]
+    root = Path(tempfile.mkdtemp(prefix="tuneloop-pg-"))
+    data = root / "data"
+    if owner is not None:
+        os.chown(root, owner.pw_uid, owner.pw_gid)
+    port = free_port()
+    log = tmp / f"postgres-{port}.log"
+    init = subprocess.run(prefix + [initdb, "-D", str(data), "-U", "tuneloop", "--auth=trust", "-E", "UTF8",
+                                    "--no-sync"], capture_output=True, text=True, cwd=root)
+    if init.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"initdb failed:\n{init.stdout}{init.stderr}")
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            prefix + [postgres, "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(root),
+                      "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
+            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    base = f"postgresql+psycopg://tuneloop@127.0.0.1:{port}"
+    try:
+        import psycopg
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                conn = psycopg.connect(f"host=127.0.0.1 port={port} user=tuneloop dbname=postgres",
+                                       autocommit=True, connect_timeout=2)
+                break
+            except psycopg.OperationalError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"postgres did not start:\n{log.read_text()[-3000:]}") from None
+                time.sleep(0.2)
+        with conn:
+            for name in databases:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        yield base
+    finally:
+        # runuser passes SIGTERM on to postgres: a "smart" shutdown would wait for clients,
+        # so ask for a fast one (SIGINT) first.
+        for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager

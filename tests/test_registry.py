@@ -181,3 +181,86 @@ def test_lock_lives_next_to_the_database(tmp_path):
     assert lock_path_for(tmp_path.as_uri(), "a/b") == tmp_path / ".registry-a_b.lock"
     remote = lock_path_for("http://mlflow:5000", "chat")
     assert remote.name.startswith("chat-") and remote != lock_path_for("http://other:5000", "chat")
+
+
+# ---- the promotion log: what holds promotion together across machines -----------------------
+
+
+def _log_outcomes(backend, name: str) -> list[tuple[str, str]]:
+    versions = backend["client"].search_model_versions(f"name = '{name}.promotion-log'")
+    return [(json.loads(mv.tags["tuneloop.request"])["action"], mv.tags.get("outcome"))
+            for mv in sorted(versions, key=lambda mv: int(mv.version))]
+
+
+def test_the_log_decides_when_both_promoters_passed_the_precheck(backend, tmp_path):
+    """Two machines (two lock files): both saw v1 as champion, both write; the log's replay
+    refuses the second request, whatever the order of their later alias writes."""
+    a = ModelRegistry(backend["uri"], "twomachines", lock_path=tmp_path / "a.lock")
+    b = ModelRegistry(backend["uri"], "twomachines", lock_path=tmp_path / "b.lock")
+    v1, v2, v3 = (new_version(backend, a) for _ in range(3))
+    a.promote(v1, expected_champion=None, reason="first", actor="a")
+    seen_by_b = b._settled()  # b has read the log (champion v1) ...
+    a.promote(v2, expected_champion=v1, reason="a wins", actor="a")  # ... and a promotes meanwhile
+    b._settled = lambda: seen_by_b  # b's pre-check passes on what it read
+    with pytest.raises(PromotionConflict) as conflict:
+        b.promote(v3, expected_champion=v1, reason="b loses", actor="b")
+    assert conflict.value.actual == v2
+    assert a.champion().version == v2 and a.previous().version == v1
+    assert [(h.from_version, h.to_version) for h in a.history()] == [(None, v1), (v1, v2)]
+    assert _log_outcomes(backend, "twomachines") == [("promote", "applied"), ("promote", "applied"),
+                                                     ("promote", "refused")]
+
+
+def test_a_late_copy_of_an_older_decision_is_corrected(backend, tmp_path):
+    """A promoter that stalled after reading the log writes the older champion over the newer
+    one; it re-reads the log after writing and puts the newer one back."""
+    reg = ModelRegistry(backend["uri"], "stalled")
+    v1, v2 = (new_version(backend, reg) for _ in range(2))
+    reg.promote(v1, expected_champion=None, reason="first", actor="t")
+    stale = reg._replay(reg._read_log())
+    reg.promote(v2, expected_champion=v1, reason="second", actor="t")
+    latest = reg._copy_to_aliases(stale)
+    assert latest.champion == v2 and reg.champion().version == v2 and reg.previous().version == v1
+
+
+def test_a_crash_between_the_decision_and_the_aliases_is_repaired(backend):
+    reg = ModelRegistry(backend["uri"], "crashed")
+    v1, v2 = (new_version(backend, reg) for _ in range(2))
+    reg.promote(v1, expected_champion=None, reason="first", actor="t")
+    copy = reg._copy_to_aliases
+
+    def crash_on_the_new_champion(state, *a, **kw):
+        if state.champion == v2:
+            raise RuntimeError("killed")
+        return copy(state, *a, **kw)
+
+    reg._copy_to_aliases = crash_on_the_new_champion
+    with pytest.raises(RuntimeError, match="killed"):
+        reg.promote(v2, expected_champion=v1, reason="second", actor="t")
+    del reg._copy_to_aliases
+    assert reg.champion().version == v1 and len(reg.history()) == 1  # the copy is behind the log ...
+    with pytest.raises(PromotionConflict):  # ... which decided: v1 is no longer the champion
+        reg.promote(v1, expected_champion=v1, reason="stale view", actor="t")
+    assert reg.champion().version == v2 and reg.previous().version == v1  # that promote repaired first
+    assert [(h.from_version, h.to_version) for h in reg.history()] == [(None, v1), (v1, v2)]
+    assert reg.repair().champion == v2
+
+
+def test_a_registry_from_before_the_log_is_adopted(backend):
+    """Aliases and history written without a log (an older tuneloop): the first promotion
+    adopts them and goes on from there."""
+    reg = ModelRegistry(backend["uri"], "adopted")
+    v1, v2, v3 = (new_version(backend, reg) for _ in range(3))
+    client = backend["client"]
+    client.set_registered_model_alias("adopted", CHAMPION, v2)
+    client.set_registered_model_alias("adopted", PREVIOUS, v1)
+    old = {"seq": 7, "action": "promote", "to_version": v2, "from_version": v1, "actor": "old", "reason": "x",
+           "at": "2026-01-01T00:00:00+00:00", "extra": {}}
+    client.set_registered_model_tag("adopted", "promotion.000007", json.dumps(old))
+    with pytest.raises(PromotionConflict):
+        reg.promote(v3, expected_champion=v1, reason="stale", actor="t")
+    r = reg.promote(v3, expected_champion=v2, reason="after adoption", actor="t")
+    assert r.record.seq == 8 and reg.champion().version == v3 and reg.previous().version == v2
+    assert [h.seq for h in reg.history()] == [7, 8]
+    assert _log_outcomes(backend, "adopted") == [("adopt", "applied"), ("promote", "applied")]
+    assert reg.rollback(reason="back", actor="t").version == v2
