@@ -192,14 +192,15 @@ def demo(
     _print_next(cfg, loop_out, time.time() - started)
 
 
-def _run_loop(cfg, config: Optional[Path], retrain: str, quiet: bool = False) -> dict:
-    from components.demo import run_loop
+def _run_loop(cfg, config: Optional[Path], retrain: str, quiet: bool = False, requests: int | None = None) -> dict:
+    from components.demo import CALM_REQUESTS, run_loop
 
     _use_prefect(cfg)
     out = console if not quiet else err_console
     out.rule("5. the loop: serve -> traffic -> drift -> retrain -> redeploy")
     try:
-        loop_out = run_loop(cfg, str(config) if config else None, say=out.print, rule=out.rule, retrain=retrain)
+        loop_out = run_loop(cfg, str(config) if config else None, say=out.print, rule=out.rule, retrain=retrain,
+                            requests=requests or CALM_REQUESTS)
     except Exception as exc:  # noqa: BLE001 - the demo says what failed and where its logs are
         _fail(f"the loop stopped: {type(exc).__name__}: {exc}", code=1)
     if loop_out["stream_failures"]:
@@ -217,6 +218,8 @@ def loop(
     retrain: str = typer.Option("auto", "--retrain", help="flow: run the triggered training flow here; trigger: "
                                                           "wait for the training deployment's trigger (a Prefect "
                                                           "server and worker); auto: trigger when prefect.api_url is set."),
+    requests: int = typer.Option(60, "--requests", min=1, help="Requests of each kind (like the training data, "
+                                                                 "shifted); a window needs monitoring.drift.min_requests."),
     as_json: bool = typer.Option(False, "--json", help="Print what happened as JSON (progress goes to stderr)."),
 ):
     """The closed loop against the current champion (the demo's step 5): serve it, send traffic like
@@ -229,7 +232,7 @@ def loop(
 
     if ModelRegistry.from_config(cfg).champion() is None:
         _fail("there is no champion to serve yet: run `tuneloop train` (or `tuneloop demo`) first", code=1)
-    loop_out = _run_loop(cfg, config, retrain, quiet=as_json)
+    loop_out = _run_loop(cfg, config, retrain, quiet=as_json, requests=requests)
     if as_json:
         print(json.dumps({k: v for k, v in loop_out.items() if k != "key"}, indent=2, default=str))
     else:

@@ -36,8 +36,7 @@ from typing import Callable
 
 from components.ports import free_port, stop_process_group
 
-CALM_REQUESTS = 60
-SHIFTED_REQUESTS = 60
+CALM_REQUESTS = 60  # of each kind, by default
 
 
 @dataclass
@@ -127,12 +126,13 @@ def served_version(url: str, key: str) -> str:
 
 
 def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Callable[[str], None],
-             retrain: str = "auto", retrain_timeout_s: float = 900) -> dict:
+             retrain: str = "auto", retrain_timeout_s: float = 900, requests: int = CALM_REQUESTS) -> dict:
     """Steps 1-4 above against a served champion; returns what happened (also for tests).
 
     retrain: "flow" (run the training flow here), "trigger" (the training deployment's
     trigger runs it on a worker; wait for the new champion), "auto" (trigger when a Prefect
-    server is configured, else flow)."""
+    server is configured, else flow). requests: how many of each kind of traffic (with the
+    streaming client's, at least monitoring.drift.min_requests per window)."""
     if retrain == "auto":
         retrain = "trigger" if (cfg.prefect.api_url or os.environ.get("PREFECT_API_URL")) else "flow"
     if retrain not in ("flow", "trigger"):
@@ -170,7 +170,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
 
         rule("5b. traffic like the training data -> monitoring")
         since = datetime.now(timezone.utc).isoformat()
-        send(client, name, random.Random(0).sample(calm, min(CALM_REQUESTS, len(calm))))
+        send(client, name, random.Random(0).sample(calm, min(requests, len(calm))))
         time.sleep(cfg.request_log.flush_interval_s + 0.5)  # one flush interval: the log has them
         calm_result = monitoring_flow(config_path=config_path, since=since)
         out["calm"] = _verdict(calm_result)
@@ -178,7 +178,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
 
         rule("5c. shifted traffic + feedback -> monitoring")
         since = datetime.now(timezone.utc).isoformat()
-        shifted = [[{"role": "user", "content": t}] for t in shifted_prompts(SHIFTED_REQUESTS)]
+        shifted = [[{"role": "user", "content": t}] for t in shifted_prompts(requests)]
         ids = send(client, name, shifted)
         client.post("/feedback", cast_to=object, body={
             "request_id": ids[0], "rating": -1, "correction": "Pack light layers and book the museum early.",

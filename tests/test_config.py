@@ -17,6 +17,7 @@ def test_repo_default_config_is_valid_and_local():
     cfg = load_config(REPO_ROOT / "configs" / "default.yaml", environ={})
     assert cfg.home == REPO_ROOT / ".tuneloop"
     assert cfg.mlflow_tracking_uri == f"sqlite:///{REPO_ROOT / '.tuneloop' / 'mlflow.db'}"
+    assert cfg.mlflow_artifact_location == (REPO_ROOT / ".tuneloop" / "mlartifacts").as_uri()
     assert cfg.prefect.api_url is None  # ephemeral Prefect
     assert cfg.gateway.redis_url is None  # in-process cache
     assert cfg.bentoml_home == REPO_ROOT / ".tuneloop" / "bentoml"
@@ -76,6 +77,7 @@ def test_environment_overrides(tmp_path):
         },
     )
     assert cfg.mlflow_tracking_uri == "http://127.0.0.1:5000"
+    assert cfg.mlflow_artifact_location is None  # a tracking server's artifacts are its own, not a folder here
     assert cfg.gateway.redis_url == "redis://127.0.0.1:6379/0"
     assert cfg.home == tmp_path / "state"
     assert cfg.data.seed == 7
