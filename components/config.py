@@ -421,8 +421,11 @@ class RequestLogConfig(Section):
     """Every finished /v1 request recorded once (components/requestlog), redacted."""
 
     enabled: bool = True
-    # Where: None: JSON Lines segments under <home>/requests; a folder or file:// URL; or a
-    # SQLAlchemy URL (sqlite:///..., postgresql+psycopg://user@host/db) for a shared database.
+    # Where: None: JSON Lines segments under <home>/requests; a folder or file:// URL; an
+    # S3-compatible bucket, s3://bucket/prefix (segments staged and fsynced locally, uploaded
+    # when they rotate and at shutdown: set segment_max_age_s to how late readers may see
+    # them; endpoint and credentials as boto3 finds them, e.g. AWS_ENDPOINT_URL for MinIO);
+    # or a SQLAlchemy URL (sqlite:///..., postgresql+psycopg://user@host/db).
     url: str | None = None
     # The writer thread writes (and fsyncs) the buffer this often: what a crash can lose.
     flush_interval_s: float = Field(1.0, gt=0, le=60)

@@ -371,3 +371,77 @@ def test_logs_cli_tails_and_exports(tmp_path):
         now - timedelta(hours=1)).isoformat(timespec="milliseconds").replace("+00:00", "Z"))
     bad = cli("export", "--since", "yesterday-ish")
     assert bad.returncode == 2 and "not a duration" in bad.stderr
+
+
+@pytest.fixture
+def s3_server(tmp_path, monkeypatch):
+    """An S3-compatible server on 127.0.0.1 in its own process (moto's server: no MinIO
+    package here), a bucket, and boto3 pointed at it through the standard environment."""
+    import boto3
+
+    from tests.servers import free_port, service
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with service(cmd, f"http://127.0.0.1:{port}/moto-api/", tmp_path / "s3.log", timeout=60):
+        for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(k, v)
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="logs")
+        yield client
+
+
+def test_an_s3_bucket_gets_every_segment_once_closed_and_a_failed_upload_is_retried(s3_server, tmp_path):
+    import os
+
+    from components.requestlog.store import open_sink, read_records
+    from components.requestlog.writer import RequestLog
+
+    url, home = "s3://logs/tuneloop/requests", tmp_path / "home"
+    sink = open_sink(url, home, segment_max_bytes=400, segment_max_age_s=3600)
+    request_log = RequestLog(sink, 0.05, "omit", None, None)
+
+    def rec(i):
+        return {"kind": "request", "request_id": f"req_{i:032x}", "time": f"2026-12-01T00:00:{i:02d}.000Z",
+                "status": 200, "pad": "x" * 60}
+
+    def keys():
+        return [o["Key"] for o in s3_server.list_objects_v2(Bucket="logs").get("Contents", [])]
+
+    for i in range(10):
+        request_log.submit(rec(i))
+        request_log.flush()
+    assert len(keys()) >= 2 and all(k.startswith("tuneloop/requests/requests-") for k in keys())
+    # readers see the bucket plus what is still staged here, each record once
+    assert [r["request_id"] for r in read_records(url, home)] == [rec(i)["request_id"] for i in range(10)]
+
+    uploaded = len(keys())
+    good_put = sink._client.put_object
+    sink._client.put_object = lambda **kw: (_ for _ in ()).throw(ConnectionError("bucket unreachable"))  # a fault
+    for i in range(10, 16):
+        request_log.submit(rec(i))
+        request_log.flush()
+    assert len(keys()) == uploaded  # nothing went up, nothing was lost: it is staged
+    assert [r["request_id"] for r in read_records(url, home)] == [rec(i)["request_id"] for i in range(16)]
+    sink._client.put_object = good_put
+    request_log.submit(rec(16))
+    request_log.close()  # shutdown: the open segment goes up too
+    assert not list((home / "requests-s3-staging").glob("*.jsonl"))
+    assert [r["request_id"] for r in read_records(url, home)] == [rec(i)["request_id"] for i in range(17)]
+
+    # a segment a crashed process (gone pid) left staged goes up when the next writer starts
+    from components.requestlog.record import HOST
+
+    dead = 2 ** 22 + 7
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead += 1
+        except ProcessLookupError:
+            break
+    orphan = home / "requests-s3-staging" / f"requests-20261201T000100000000Z-{HOST}-{dead}-1.jsonl"
+    orphan.write_text(json.dumps(rec(40)) + "\n" + '{"kind": "request", "cut')
+    open_sink(url, home).close()
+    assert not orphan.exists()
+    assert [r["request_id"] for r in read_records(url, home)][-1] == rec(40)["request_id"]
