@@ -91,7 +91,7 @@ def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path
         "cache": {"enabled": False}}, "request_log": {"texts": "omit"}})
     name = cfg.mlflow.registered_model
     registry = ModelRegistry.from_config(cfg)
-    client = MlflowClient(cfg.mlflow_tracking_uri)
+    client = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
     exp = client.create_experiment("swap", artifact_location=cfg.mlflow_artifact_location)
 
     def register(folder) -> str:
@@ -182,7 +182,7 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     cfg = TuneloopConfig.model_validate({"paths": {"home": str(home)}})
     name = cfg.mlflow.registered_model
     registry = ModelRegistry.from_config(cfg)
-    client = MlflowClient(cfg.mlflow_tracking_uri)
+    client = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
     exp = client.create_experiment("swap", artifact_location=cfg.mlflow_artifact_location)
     v1 = registry.register(client.create_run(exp).info.run_id, models["a"])
     registry.promote(v1, None, "first", require_blessed=False)

@@ -91,6 +91,6 @@ def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_
     # the triggered run started from the champion's weights (monitoring.retrain_init_from)
     from mlflow.tracking import MlflowClient
 
-    run_id = MlflowClient(cfg.mlflow_tracking_uri).get_model_version(champion.name, champion.version).run_id
-    parent = MlflowClient(cfg.mlflow_tracking_uri).get_run(run_id).data.tags.get("mlflow.parentRunId")
-    assert MlflowClient(cfg.mlflow_tracking_uri).get_run(parent).data.params["init_from"] == f"champion v{v1}"
+    run_id = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_model_version(champion.name, champion.version).run_id
+    parent = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(run_id).data.tags.get("mlflow.parentRunId")
+    assert MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(parent).data.params["init_from"] == f"champion v{v1}"

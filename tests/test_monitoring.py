@@ -163,8 +163,8 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
     assert cli["events"] == [RETRAIN_EVENT] and cli["slo"]["judged"] is True and cli["mlflow_run_id"]
     import mlflow
 
-    run = mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri).get_run(cli["mlflow_run_id"])
+    run = mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(cli["mlflow_run_id"])
     assert run.data.metrics["drift_detected"] == 1.0
-    artifacts = [a.path for a in mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri).list_artifacts(
+    artifacts = [a.path for a in mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).list_artifacts(
         cli["mlflow_run_id"], "monitoring")]
     assert "monitoring/drift-report.html" in artifacts and "monitoring/summary.md" in artifacts

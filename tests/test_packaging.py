@@ -29,7 +29,7 @@ def registry_with_champion(root: Path) -> dict:
     config.write_text(f"paths: {{home: {root / 'home'}}}\nserving: {{warmup_requests: 2, num_threads: 1}}\n")
     cfg = load_config(config, environ={})
     cfg.home.mkdir(parents=True)
-    client = MlflowClient(cfg.mlflow_tracking_uri)
+    client = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
     experiment = client.create_experiment("packaging", artifact_location=cfg.mlflow_artifact_location)
     model_dir = build_tiny_model(root / "tiny")
     registry = ModelRegistry.from_config(cfg)

@@ -30,7 +30,7 @@ def backend(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)  # not the process-wide registry URI
     experiment_id = client.create_experiment("tests", artifact_location=(root / "artifacts").as_uri())
     model_dir = root / "model"
     model_dir.mkdir()

@@ -28,7 +28,7 @@ def log_reference(run_id: str, examples, n: int, tracking_uri: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "reference.jsonl"
         path.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
-        MlflowClient(tracking_uri).log_artifact(run_id, str(path), ARTIFACT_DIR)
+        MlflowClient(tracking_uri, registry_uri=tracking_uri).log_artifact(run_id, str(path), ARTIFACT_DIR)
     return len(texts)
 
 
@@ -44,7 +44,7 @@ def load_reference(cfg) -> tuple[list[str], dict]:
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                local = MlflowClient(cfg.mlflow_tracking_uri).download_artifacts(champion.run_id, ARTIFACT, tmp)
+                local = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).download_artifacts(champion.run_id, ARTIFACT, tmp)
                 texts = [json.loads(line)["text"] for line in Path(local).read_text(encoding="utf-8").splitlines()
                          if line.strip()]
             return texts, {"source": "champion", "model": champion.name, "version": champion.version,

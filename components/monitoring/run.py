@@ -73,7 +73,7 @@ def _champion_since(cfg) -> datetime | None:
     champion = ModelRegistry.from_config(cfg).champion()
     if champion is None:
         return None
-    mv = MlflowClient(cfg.mlflow_tracking_uri).get_model_version(champion.name, champion.version)
+    mv = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_model_version(champion.name, champion.version)
     return datetime.fromtimestamp(mv.creation_timestamp / 1000, timezone.utc)
 
 
