@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -286,3 +287,17 @@ GATEWAY_OFF = {
     "TUNELOOP__GATEWAY__FILTER": "{prompts: off, outputs: off}",
     "TUNELOOP__GATEWAY__CACHE": "{enabled: false}",  # else repeated greedy requests are answered from it
 }
+
+
+def run_ok(cmd: list[str], env: dict, timeout: float = 900, cwd=None) -> subprocess.CompletedProcess:
+    """Run a command to its end; fail the test with the end of its output unless it exits 0."""
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                         cwd=cwd or Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    return out
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON object a `tuneloop ... --json` command prints after its progress lines."""
+    return json.loads(stdout[stdout.index("{\n"):])
+

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.servers import free_port, redis_server, service
+from tests.servers import last_json as _last_json
 from tests.test_gateway import PLANTED
 from tests.serving_tiny_model import build_tiny_model
 
@@ -68,9 +69,6 @@ def stack(tmp_path_factory):
             yield {"env": env, "urls": urls, "logs": logs, "trained": trained, "tmp": tmp, "serve_env": serve_env}
 
 
-def _last_json(stdout: str) -> dict:
-    start = stdout.index("{\n")  # the --json summary is printed last, pretty
-    return json.loads(stdout[start:])
 
 
 def _key(env, name: str, tier: str = "paid", *extra) -> tuple[str, str]:

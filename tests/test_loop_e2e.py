@@ -21,21 +21,12 @@ from pathlib import Path
 import pytest
 
 from components.ports import stop_process_group
-from tests.servers import BIN, GATEWAY_OFF, prefect_server
+from tests.servers import BIN, GATEWAY_OFF, last_json, prefect_server
+from tests.servers import run_ok as run
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(BIN / "tuneloop")
-
-
-def run(cmd, env, timeout=900) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
-    return out
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads(stdout[stdout.index("{\n"):])
 
 
 def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_base_model):

@@ -18,13 +18,14 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.servers import BIN, free_port, mlflow_server, postgres_server, service
+from tests.servers import last_json as _last_json
+from tests.servers import run_ok as _run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,16 +39,6 @@ def remote(tmp_path_factory):
     with postgres_server(tmp, databases=("mlflow", "gateway")) as pg:
         with mlflow_server(tmp, f"{pg}/mlflow") as uri:
             yield {"pg": pg, "mlflow": uri, "tmp": tmp, "artifacts": tmp / "mlflow-artifacts"}
-
-
-def _run(cmd, env, timeout=900) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
-    return out
-
-
-def _last_json(stdout: str) -> dict:
-    return json.loads(stdout[stdout.index("{\n"):])
 
 
 def _sha(path: Path) -> str:
