@@ -190,6 +190,9 @@ class TuneloopLLM:
                 if not self.engine.is_running:
                     raise RuntimeError(f"the {SERVING.engine} engine did not start: "
                                        f"{getattr(self.engine, 'failed', None) or 'see the log'}")
+            if hasattr(self.engine, "compile_mode"):  # slots: say whether start-up compiled the forward
+                log.info("torch.compile: %s", f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
+                         if self.engine.compiled else "off")
             await self.gateway.warm_up()
             if self.request_log is not None:
                 await asyncio.to_thread(self.request_log.warm_up)

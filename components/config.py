@@ -63,6 +63,12 @@ class BentoConfig(Section):
     gpu_engine: Literal["vllm", "configured"] = "vllm"
     # Infra validation: how long the built bento may take to answer /readyz.
     validation_timeout_s: float = Field(240.0, gt=0)
+    # Infra validation with serving.compile as packaged (true), or uncompiled (false, the
+    # default): the check is that the bento starts, loads its model and answers through the
+    # gateway; compiling the forward adds ~40 s to each validation on a 2-core CPU, and a
+    # model torch.compile cannot handle is served uncompiled anyway (a failed compile never
+    # fails a start). The deployed bento still compiles as serving.compile says.
+    validation_compile: bool = False
 
 
 class DataConfig(Section):

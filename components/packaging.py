@@ -531,6 +531,8 @@ def infra_validate(bento_tag: str, cfg: TuneloopConfig, timeout: float | None = 
     log_dir.mkdir(parents=True, exist_ok=True)
     _say(progress, f"infra validation: `bentoml serve {bento_tag}` on 127.0.0.1:{port}")
     command = serve_command(cfg, bento_tag, port=port)
+    if not cfg.bento.validation_compile:
+        command.env["TUNELOOP__SERVING__COMPILE"] = "false"  # bento.validation_compile (config.py says why)
     headers = _validation_key(cfg, log_dir / f"keys-{port}", command.env)
     try:
         return check_server(command, port, log_dir / f"{bento_tag.replace(':', '-')}.log",

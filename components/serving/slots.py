@@ -382,6 +382,7 @@ class SlotEngine:
             for layer in self._compiled_layers:
                 layer.compile(dynamic=True)
         self.compiled = self.compile_mode != "off"
+        self.compile_seconds = 0.0
 
     # ---- lifecycle --------------------------------------------------------------------
     def launch(self) -> None:
@@ -460,8 +461,8 @@ class SlotEngine:
             started = time.perf_counter()
             try:
                 self._compile_warm_up()
-                log.info("slots engine: compiled the model (%s) in %.1f s", self.compile_mode,
-                         time.perf_counter() - started)
+                self.compile_seconds = time.perf_counter() - started
+                log.info("slots engine: compiled the model (%s) in %.1f s", self.compile_mode, self.compile_seconds)
             except Exception:  # a model torch.compile cannot handle is still served, uncompiled
                 log.exception("slots engine: torch.compile failed; serving the model uncompiled")
                 self._forward, self._decode_forward = self._run_model, self._decode_model
