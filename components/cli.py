@@ -376,6 +376,10 @@ def _use_prefect(cfg) -> None:
     if cfg.prefect.api_url:
         os.environ["PREFECT_API_URL"] = cfg.prefect.api_url
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # Offline by design: the server's telemetry reaches nowhere, and its session row raced the
+    # flow's own writes on the ephemeral SQLite database (a `database is locked` traceback in
+    # `make demo`). A user who wants it sets the variable.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def _print_training_summary(summary: dict) -> None:

@@ -1,5 +1,6 @@
 """The `tuneloop` console command: instant help on every verb, clear config errors."""
 
+import os
 import subprocess
 import sys
 import time
@@ -158,3 +159,20 @@ def test_serve_with_a_model_it_cannot_load_exits_with_the_reason(tmp_path, broke
     assert out.stdout.count("Application startup failed") == 1  # stopped at the first failure, no restart loop
     alive = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True)
     assert alive.stdout.strip() == "", "the server's processes were left running"
+
+
+def test_prefect_runs_offline_without_telemetry_unless_asked(monkeypatch):
+    """The ephemeral Prefect server's telemetry row raced the flows' writes on its SQLite
+    database (`database is locked` in `make demo`): the CLI turns analytics off by default
+    (measured: no TELEMETRY_SESSION row in the ephemeral database afterwards) and leaves a
+    user's own setting alone."""
+    from components.cli import _use_prefect
+    from components.config import load_config
+
+    cfg = load_config(None, environ={})
+    monkeypatch.setattr(os, "environ", {})  # what _use_prefect sets stays inside this test
+    _use_prefect(cfg)
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "true"
+    _use_prefect(cfg)
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
