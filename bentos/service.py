@@ -133,11 +133,7 @@ class TuneloopLLM:
 
         self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots":
-            self.engine = SlotEngine(loaded, SERVING.max_batch_size, SERVING.max_prefill_tokens,
-                                     compile=SERVING.compile, on_batch=on_batch,
-                                     decode_attention=SERVING.decode_attention,
-                                     kv_cache_tokens=SERVING.kv_cache_tokens, kv_cache_gib=SERVING.kv_cache_gib,
-                                     max_model_len=SERVING.max_model_len, compile_mode=SERVING.compile_mode)
+            self.engine = SlotEngine.from_config(loaded, SERVING, on_batch)
         elif SERVING.engine == "vllm":
             from components.serving.vllm_engine import VLLMEngine, vllm_dtype
 
@@ -190,8 +186,9 @@ class TuneloopLLM:
                 if not self.engine.is_running:
                     raise RuntimeError(f"the {SERVING.engine} engine did not start: "
                                        f"{getattr(self.engine, 'failed', None) or 'see the log'}")
-            if hasattr(self.engine, "compile_mode"):  # slots: say whether start-up compiled the forward
-                log.info("torch.compile: %s", f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
+            if hasattr(self.engine, "compile_mode"):  # slots: say which forward, and whether start-up compiled it
+                log.info("forward: %s; torch.compile: %s", self.engine.forward_name,
+                         f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
                          if self.engine.compiled else "off")
             await self.gateway.warm_up()
             if self.request_log is not None:

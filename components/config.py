@@ -518,11 +518,14 @@ class ServingConfig(Section):
     num_blocks: int = Field(256, ge=1)
     page_size: int = Field(32, ge=4)
     max_batch_tokens: int = Field(512, ge=16)
-    # slots engine: prompt tokens (padded) prefilled per step, so a burst of newcomers
-    # does not stall running streams; and torch.compile of the model forward (~1/3 faster
-    # per step on CPU; compiling takes 10-70 s before the server is ready, cached after;
-    # a model it cannot compile is served uncompiled).
-    max_prefill_tokens: int = Field(2048, ge=16)
+    # slots engine: prompt tokens prefilled per step, so a burst of newcomers does not stall
+    # running streams and the first of them get their first token steps sooner. The fused
+    # forward counts the prompts' own tokens and prefills a longer prompt in chunks over
+    # several steps, beside the decodes; transformers' forward counts them padded to the
+    # longest and prefills a longer prompt alone in one step. And torch.compile of
+    # transformers' forward (~1/3 faster per step on CPU; compiling takes 10-70 s before the
+    # server is ready, cached after; a model it cannot compile is served uncompiled).
+    max_prefill_tokens: int = Field(256, ge=16)
     # slots engine, the KV cache's size: kv_cache_tokens, else kv_cache_gib, else 20% of the
     # memory available at start-up. Each slot holds max_model_len tokens (a request's prompt
     # + max_tokens; default: the context window, shrunk to fit max_batch_size slots in the
@@ -541,6 +544,13 @@ class ServingConfig(Section):
     # system C compiler). It falls back to sdpa where it cannot be built or does not match
     # sdpa on the model. sdpa: reads every row up to the longest one.
     decode_attention: Literal["kernel", "sdpa"] = "kernel"
+    # slots engine, the model's forward. fused: tuneloop's own for Llama-architecture models on a
+    # CPU (components/serving/fused_llama.py: fused q|k|v and gate|up products, RoPE + cache
+    # write + attention + norms in C, ragged steps that prefill newcomers beside the running
+    # decodes; no torch.compile). It is used only where it serves the model and matches
+    # transformers' forward on it at start-up; otherwise, and with transformers, the model's
+    # own forward (compile, compile_mode and decode_attention apply to that one).
+    forward: Literal["fused", "transformers"] = "fused"
     # Streaming: tokens of one stream produced within this window travel in one SSE chunk
     # (the first token is always sent at once). 0 = a chunk per engine step.
     stream_interval_ms: float = Field(100.0, ge=0)

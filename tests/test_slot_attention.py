@@ -82,7 +82,8 @@ def test_without_a_compiler_the_engine_decodes_with_sdpa(kernel, tmp_path, monke
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("TUNELOOP_KERNEL_CACHE", str(tmp_path / "kernels"))
-    monkeypatch.setattr(slot_attention, "_kernel", None)  # forget the kernel built for this process
+    monkeypatch.setattr(slot_attention, "_kernel", None)  # forget the kernels built for this process
+    monkeypatch.setattr(slot_attention, "_library", None)
     assert slot_attention.load_kernel() is None
 
     loaded = load_model(build_tiny_model(tmp_path / "tiny"), num_threads=1)

@@ -29,6 +29,7 @@ import logging
 import os
 import platform
 import shutil
+import string
 import subprocess
 import tempfile
 from pathlib import Path
@@ -38,7 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 log = logging.getLogger(__name__)
 
-SOURCE = r"""
+_DECODE_SOURCE = r"""
 #include <math.h>
 #include <stdlib.h>
 
@@ -95,6 +96,247 @@ void slot_decode_attention(const float *q, const float *k, const float *v, float
     }
 }
 """
+
+# The fused forward's kernels (fused_llama.py), written once for a storage type and expanded
+# for float32 (f32) and bfloat16 (bf16, kept as uint16 and widened to float32 in registers;
+# every sum is float32). Where torch rounds an intermediate to bfloat16 (RMSNorm's normalised
+# value, SiLU's output, a residual sum), so do these (RND), to stay next to the model's own
+# forward in that dtype.
+_TYPED_SOURCE = r"""
+/* One (query token, kv head) of ragged attention: the G query heads q[G][D] (rotated and
+   scaled) over positions a..b of one slot's keys kb (blocked, see below) and values vb;
+   out[G][D]. G is a compile-time constant where this is inlined (attend_$S dispatches), so
+   each head's TL_BLOCK scores and TL_BLOCK-wide slice of its sum stay in registers. */
+static inline __attribute__((always_inline)) void attend_one_$S(
+        const long G, const float *q, const $T *kb, const $T *vb, long a, long b, long D,
+        float *scores, long stride, $T *out) {
+    long first = a / TL_BLOCK, last = b / TL_BLOCK;
+    for (long blk = first; blk <= last; blk++) {  /* scores of whole blocks */
+        const $T *kt = kb + blk * TL_BLOCK * D;
+        float *sb = scores + (blk - first) * TL_BLOCK;
+#ifdef __AVX512F__
+        /* two accumulators per head (even and odd dimensions): two FMA chains in flight */
+        __m512 s[G], t[G];
+        for (long j = 0; j < G; j++) s[j] = t[j] = _mm512_setzero_ps();
+        for (long d = 0; d < D; d += 2) {
+            __m512 k0 = LD16_$S(kt + d * TL_BLOCK), k1 = LD16_$S(kt + (d + 1) * TL_BLOCK);
+            for (long j = 0; j < G; j++) {
+                s[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * D + d]), k0, s[j]);
+                t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[j * D + d + 1]), k1, t[j]);
+            }
+        }
+        for (long j = 0; j < G; j++) _mm512_storeu_ps(sb + j * stride, _mm512_add_ps(s[j], t[j]));
+#else
+        for (long j = 0; j < G; j++) {
+            float s[TL_BLOCK] = {0.f};
+            for (long d = 0; d < D; d++) {
+                float qd = q[j * D + d];
+                for (long l = 0; l < TL_BLOCK; l++) s[l] += qd * LD_$S(kt + d * TL_BLOCK + l);
+            }
+            for (long l = 0; l < TL_BLOCK; l++) sb[j * stride + l] = s[l];
+        }
+#endif
+    }
+    long from = a - first * TL_BLOCK, to = b - first * TL_BLOCK;  /* the attended part */
+    float inv[G];
+    for (long j = 0; j < G; j++) {
+        float *sc = scores + j * stride, top = -INFINITY, sum = 0.f;
+        #pragma omp simd reduction(max:top)
+        for (long i = from; i <= to; i++) top = sc[i] > top ? sc[i] : top;
+        #pragma omp simd reduction(+:sum)
+        for (long i = from; i <= to; i++) {
+            sc[i] = expf(sc[i] - top);
+            sum += sc[i];
+        }
+        inv[j] = 1.f / sum;
+    }
+    const $T *v0 = vb + first * TL_BLOCK * D;
+    for (long c = 0; c < D; c += TL_BLOCK) {  /* the weighted sum, TL_BLOCK dimensions at a time */
+        float result[G][TL_BLOCK];
+#ifdef __AVX512F__
+        /* two accumulators per head (even and odd positions): two FMA chains in flight */
+        __m512 acc[G], acc2[G];
+        for (long j = 0; j < G; j++) acc[j] = acc2[j] = _mm512_setzero_ps();
+        long i = from;
+        for (; i < to; i += 2) {
+            __m512 v = LD16_$S(v0 + i * D + c), w = LD16_$S(v0 + (i + 1) * D + c);
+            for (long j = 0; j < G; j++) {
+                acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[j * stride + i]), v, acc[j]);
+                acc2[j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[j * stride + i + 1]), w, acc2[j]);
+            }
+        }
+        if (i == to) {
+            __m512 v = LD16_$S(v0 + i * D + c);
+            for (long j = 0; j < G; j++) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(scores[j * stride + i]), v, acc[j]);
+        }
+        for (long j = 0; j < G; j++)
+            _mm512_storeu_ps(result[j], _mm512_mul_ps(_mm512_add_ps(acc[j], acc2[j]), _mm512_set1_ps(inv[j])));
+#else
+        for (long j = 0; j < G; j++) {
+            for (long l = 0; l < TL_BLOCK; l++) result[j][l] = 0.f;
+            for (long i = from; i <= to; i++) {
+                float w = scores[j * stride + i];
+                for (long l = 0; l < TL_BLOCK; l++) result[j][l] += w * LD_$S(v0 + i * D + c + l);
+            }
+            for (long l = 0; l < TL_BLOCK; l++) result[j][l] *= inv[j];
+        }
+#endif
+        for (long j = 0; j < G; j++)
+            for (long l = 0; l < TL_BLOCK; l++) ST_$S(out + j * D + c + l, result[j][l]);
+    }
+}
+
+static void attend_$S(long G, const float *q, const $T *kb, const $T *vb, long a, long b, long D,
+                      float *scores, long stride, $T *out) {
+    switch (G) {  /* the groups of common models, unrolled; any other size, generic */
+        case 1: attend_one_$S(1, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 2: attend_one_$S(2, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 3: attend_one_$S(3, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 4: attend_one_$S(4, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 5: attend_one_$S(5, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 6: attend_one_$S(6, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 7: attend_one_$S(7, q, kb, vb, a, b, D, scores, stride, out); break;
+        case 8: attend_one_$S(8, q, kb, vb, a, b, D, scores, stride, out); break;
+        default: for (long j = 0; j < G; j++) attend_one_$S(1, q + j * D, kb, vb, a, b, D, scores, stride, out + j * D);
+    }
+}
+
+/* Ragged attention for one layer: n query tokens, token t of slot slot[t] at cache position
+   pos[t], attending to positions lo[t]..pos[t] of its slot (causal within its own prompt:
+   the tokens of one prompt are in the same call, written before any is read).
+   qkv [n, (H + 2*KVH) * D]: the layer's q, k, v projections; q and k are rotated
+   (rotate-half RoPE, cos/sin [M, D] at position pos[t] - lo[t]; none when cos is NULL), and
+   k and v written into the slot's cache. out [n, H * D]. D is a multiple of TL_BLOCK.
+
+   Cache layout, per slot and kv head (M positions, a multiple of TL_BLOCK):
+     keys   [M / TL_BLOCK][D][TL_BLOCK]: a block of TL_BLOCK positions stored dimension-major,
+            so the scores of a block are TL_BLOCK-wide vector FMAs with no horizontal sums;
+     values [M][D]: position-major.
+   Query head h reads kv head h / (H / KVH); the `group` query heads of one kv head are done
+   together, reading each key and value once. */
+void ragged_attention_$S(const $T *qkv, $T *kc, $T *vc, const float *cos_t, const float *sin_t,
+                         const long *slot, const long *pos, const long *lo, $T *out,
+                         long n, long H, long KVH, long M, long D, float scale) {
+    long group = H / KVH, stride = (H + 2 * KVH) * D, half = D / 2, longest = 0;
+    for (long t = 0; t < n; t++) longest = pos[t] - lo[t] + 1 > longest ? pos[t] - lo[t] + 1 : longest;
+    long width = (longest / TL_BLOCK + 2) * TL_BLOCK;  /* scores of one head: whole blocks */
+    float *q = (float *)malloc(sizeof(float) * (n * H * D + 1));
+    #pragma omp parallel
+    {
+        float *x = (float *)malloc(sizeof(float) * D), *y = (float *)malloc(sizeof(float) * D);
+        #pragma omp for schedule(static)
+        for (long t = 0; t < n; t++) {
+            const $T *src = qkv + t * stride;
+            long p = pos[t], r = pos[t] - lo[t];
+            for (long h = 0; h < H + KVH; h++) {  /* query heads, then key heads */
+                #pragma omp simd
+                for (long d = 0; d < D; d++) x[d] = LD_$S(src + h * D + d);
+                float *dst = h < H ? q + (t * H + h) * D : y;
+                float f = h < H ? scale : 1.f;  /* the softmax scale goes into the query once */
+                if (cos_t) {
+                    const float *c = cos_t + r * D, *s = sin_t + r * D;
+                    #pragma omp simd
+                    for (long d = 0; d < half; d++) {
+                        dst[d] = (x[d] * c[d] - x[d + half] * s[d]) * f;
+                        dst[d + half] = (x[d + half] * c[d + half] + x[d] * s[d + half]) * f;
+                    }
+                } else {
+                    #pragma omp simd
+                    for (long d = 0; d < D; d++) dst[d] = x[d] * f;
+                }
+                if (h >= H) {
+                    $T *kd = kc + (slot[t] * KVH + (h - H)) * M * D + (p / TL_BLOCK) * TL_BLOCK * D + p % TL_BLOCK;
+                    for (long d = 0; d < D; d++) ST_$S(kd + d * TL_BLOCK, y[d]);
+                }
+            }
+            for (long h = 0; h < KVH; h++)
+                memcpy(vc + ((slot[t] * KVH + h) * M + p) * D, src + (H + KVH + h) * D, sizeof($T) * D);
+        }
+        /* (the barrier at the end of the loop: every token's key and value is in the cache) */
+        float *scores = (float *)malloc(sizeof(float) * group * width);
+        #pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < n * KVH; task++) {
+            long t = task / KVH, g = task % KVH;
+            long cache = (slot[t] * KVH + g) * M * D;
+            attend_$S(group, q + (t * H + g * group) * D, kc + cache, vc + cache, lo[t], pos[t], D, scores, width,
+                      out + t * H * D + g * group * D);
+        }
+        free(x); free(y); free(scores);
+    }
+    free(q);
+}
+
+/* x += delta (when delta is not NULL), then out = w * RMSNorm(x): per row of C values. */
+void add_rms_norm_$S($T *x, const $T *delta, const $T *w, $T *out, long n, long C, float eps) {
+    #pragma omp parallel for schedule(static) if (n * C >= 65536)
+    for (long t = 0; t < n; t++) {
+        $T *xt = x + t * C, *o = out + t * C;
+        float ss = 0.f;
+        if (delta) {
+            const $T *dt = delta + t * C;
+            #pragma omp simd reduction(+:ss)
+            for (long c = 0; c < C; c++) {
+                float v = RND_$S(LD_$S(xt + c) + LD_$S(dt + c));
+                ST_$S(xt + c, v);
+                ss += v * v;
+            }
+        } else {
+            #pragma omp simd reduction(+:ss)
+            for (long c = 0; c < C; c++) { float v = LD_$S(xt + c); ss += v * v; }
+        }
+        float r = 1.f / sqrtf(ss / (float)C + eps);
+        #pragma omp simd
+        for (long c = 0; c < C; c++) ST_$S(o + c, LD_$S(w + c) * RND_$S(LD_$S(xt + c) * r));
+    }
+}
+
+/* out = SiLU(gate) * up, per row of gu = [gate (I values) | up (I values)]. */
+void silu_mul_$S(const $T *gu, $T *out, long n, long I) {
+    #pragma omp parallel for schedule(static) if (n * I >= 65536)
+    for (long t = 0; t < n; t++) {
+        const $T *g = gu + t * 2 * I, *u = g + I;
+        $T *o = out + t * I;
+        #pragma omp simd
+        for (long i = 0; i < I; i++) {
+            float v = LD_$S(g + i);
+            ST_$S(o + i, RND_$S(v / (1.f + expf(-v))) * LD_$S(u + i));
+        }
+    }
+}
+"""
+
+_TYPES = r"""
+#include <stdint.h>
+#include <string.h>
+
+static inline float tl_widen(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t tl_narrow(float f) {  /* round to nearest even, as torch does; NaN stays NaN */
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)((((u & 0x7fffffffu) > 0x7f800000u) ? (u | 0x400000u) : rounded) >> 16);
+}
+#define TL_BLOCK 16
+#define TL_MAX_GROUP 64
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* TL_BLOCK (16) values as one float32 vector */
+#define LD16_f32(p) _mm512_loadu_ps(p)
+#define LD16_bf16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#endif
+#define LD_f32(p) (*(p))
+#define ST_f32(p, v) (*(p) = (v))
+#define RND_f32(v) (v)
+#define LD_bf16(p) tl_widen(*(p))
+#define ST_bf16(p, v) (*(p) = tl_narrow(v))
+#define RND_bf16(v) tl_widen(tl_narrow(v))
+"""
+
+
+def _typed(storage: str, ctype: str) -> str:
+    return string.Template(_TYPED_SOURCE).substitute(S=storage, T=ctype)
+
+
+SOURCE = _DECODE_SOURCE + _TYPES + _typed("f32", "float") + _typed("bf16", "uint16_t")
 # Tried in order: expf vectorized through glibc's libmvec (declared in SOURCE); where that
 # does not link, scalar expf. Never -ffast-math: besides allowing the compiler to assume no
 # infinities (the softmax starts from -INFINITY), GCC < 13 links crtfastmath into a shared
@@ -102,10 +344,12 @@ void slot_decode_attention(const float *q, const float *k, const float *v, float
 BUILDS = [
     (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DTUNELOOP_VECTOR_EXPF", "-shared", "-fPIC"],
      ["-lmvec", "-lm"]),
-    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"], ["-lm"]),
+    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"],
+     ["-lm"]),
 ]
 
 _kernel = None  # the loaded function, once load_kernel() succeeded
+_library = None  # the loaded shared object, once load_library() succeeded
 
 
 def _cpu_signature() -> str:
@@ -145,11 +389,11 @@ def _build(compiler: str, target: Path) -> None:
         os.replace(built, target)  # atomic: another process may be loading the same file
 
 
-def load_kernel():
-    """The compiled kernel (a ctypes function), or None where it cannot be built here."""
-    global _kernel
-    if _kernel is not None:
-        return _kernel
+def load_library():
+    """The compiled kernels (a ctypes.CDLL), or None where they cannot be built here."""
+    global _library
+    if _library is not None:
+        return _library
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         log.warning("slot attention kernel: no C compiler (%s); decoding uses sdpa", compiler)
@@ -160,11 +404,23 @@ def load_kernel():
     try:
         if not target.exists():
             _build(compiler, target)
-        function = ctypes.CDLL(str(target)).slot_decode_attention
+        _library = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         log.warning("slot attention kernel could not be built (%s); decoding uses sdpa", str(detail).strip()[:500])
         return None
+    return _library
+
+
+def load_kernel():
+    """The compiled decoding kernel (a ctypes function), or None where it cannot be built here."""
+    global _kernel
+    if _kernel is not None:
+        return _kernel
+    library = load_library()
+    if library is None:
+        return None
+    function = library.slot_decode_attention
     function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_long] * 5 + [ctypes.c_float]
     function.restype = None
     _kernel = function

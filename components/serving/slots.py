@@ -65,6 +65,7 @@ class SlotEngineError(ServingSetupError):
 
 
 HUGE_PAGE = 2 << 20
+KEY_BLOCK = 16  # fused_llama.KEY_BLOCK (not imported here: that module needs torch at import)
 MADV_HUGEPAGE = 14
 
 
@@ -156,14 +157,20 @@ def _slot_cache(num_layers: int, num_slots: int, max_len: int):
 
         def allocate(self, key_states) -> None:
             _, heads, _, dim = key_states.shape
-            shape = (len(self.layers), 2, self.num_slots, heads, self.max_len, dim)
-            self.kv = _zeros_on_huge_pages(shape, key_states.dtype, key_states.device)
+            self.allocate_shape(heads, dim, key_states.dtype, key_states.device)
+
+        def allocate_shape(self, heads: int, dim: int, dtype, device) -> None:
+            # positions rounded up to whole key blocks of the fused forward's cache layout
+            positions = -(-self.max_len // KEY_BLOCK) * KEY_BLOCK
+            shape = (len(self.layers), 2, self.num_slots, heads, positions, dim)
+            self.kv = _zeros_on_huge_pages(shape, dtype, device)
             for layer in self.layers:
                 layer.keys, layer.values = self.kv[layer.index, 0], self.kv[layer.index, 1]
                 layer.is_initialized = True
 
         def move(self, src: int, dst: int, length: int) -> None:
-            if self.kv is not None:
+            if self.kv is not None:  # whole key blocks (the fused forward's keys are stored by block)
+                length = -(-length // KEY_BLOCK) * KEY_BLOCK
                 self.kv[:, :, dst, :, :length] = self.kv[:, :, src, :, :length]
 
     return SlotCache()
@@ -312,6 +319,12 @@ class _Row:
     last: int  # the token to feed next
     generated: int = 0
     sampler: RowSampler | None = None  # sampling / shaped rows; None for plain greedy
+    prefilled: int = 0  # the fused forward: prompt tokens in the cache so far (it prefills in chunks)
+    admitted: int = 0  # admission order: the earliest prefilling row gets the step's budget first
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.stream.prompt_ids)
 
     @property
     def write_at(self) -> int:
@@ -326,7 +339,7 @@ class SlotEngine:
     def __init__(self, loaded: LoadedModel, num_slots: int, max_prefill_tokens: int = 2048,
                  compile: bool = False, on_batch: BatchObserver | None = None, decode_attention: str = "kernel",
                  kv_cache_tokens: int | None = None, kv_cache_gib: float | None = None,
-                 max_model_len: int | None = None, compile_mode: str = "auto"):
+                 max_model_len: int | None = None, compile_mode: str = "auto", forward: str = "fused"):
         import torch
 
         config = loaded.model.config
@@ -345,7 +358,7 @@ class SlotEngine:
         log.info("slots engine: %s", self.plan.describe())
         self.num_slots = self.plan.num_slots
         self.max_len = self.plan.slot_len
-        self.max_prefill_tokens = max(max_prefill_tokens, self.max_len)
+        self.max_prefill_tokens = max_prefill_tokens  # the first newcomer of a step is admitted whatever its length
         self.on_batch = on_batch
         self.pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.cache = _slot_cache(text_config.num_hidden_layers, self.num_slots, self.max_len)
@@ -367,8 +380,17 @@ class SlotEngine:
         # second thread team whose spinning cost the engine ~20% (in-process 5.0k vs 8.0k tok/s).
         self.decode_attention = decode_attention
         self.kernel = False
+        # The forward: tuneloop's fused one (fused_llama.py: Llama-architecture models on a CPU,
+        # ragged steps that prefill newcomers beside the running decodes) where it serves the
+        # model and matches transformers' forward on it at start-up; else transformers' own.
+        # Also chosen on the engine's thread (_prepare).
+        if forward not in ("fused", "transformers"):
+            raise ValueError(f"serving.forward must be fused or transformers, not {forward!r}")
+        self.forward_wanted = forward
+        self.fused = None  # a FusedLlama once chosen
         self._replaced_attention: str | None = None  # the model's attention before the kernel's
         self._forward, self._decode_forward = self._run_model, self._decode_model
+        self._admissions = 0
         self._compiled_layers: list = []
         self.compile_mode = resolve_compile_mode(compile, compile_mode, text_config.num_hidden_layers)
         if self.compile_mode == "full":
@@ -383,6 +405,14 @@ class SlotEngine:
                 layer.compile(dynamic=True)
         self.compiled = self.compile_mode != "off"
         self.compile_seconds = 0.0
+
+    @classmethod
+    def from_config(cls, loaded: LoadedModel, serving, on_batch: BatchObserver | None = None) -> "SlotEngine":
+        """The engine as configured (a ServingConfig: components/config.py)."""
+        return cls(loaded, serving.max_batch_size, serving.max_prefill_tokens, compile=serving.compile,
+                   on_batch=on_batch, decode_attention=serving.decode_attention,
+                   kv_cache_tokens=serving.kv_cache_tokens, kv_cache_gib=serving.kv_cache_gib,
+                   max_model_len=serving.max_model_len, compile_mode=serving.compile_mode, forward=serving.forward)
 
     # ---- lifecycle --------------------------------------------------------------------
     def launch(self) -> None:
@@ -449,8 +479,22 @@ class SlotEngine:
                 for stream in streams:
                     stream.finish("error", ending)
 
+    @property
+    def forward_name(self) -> str:
+        return "fused" if self.fused is not None else "transformers"
+
     def _prepare(self) -> None:
-        """Pick the decoding attention and compile, on this thread, before taking requests."""
+        """Pick the forward, the decoding attention and compile, on this thread, before taking requests."""
+        if self.forward_wanted == "fused":
+            try:
+                self.fused = self._use_fused()
+            except Exception:  # the engine still serves, with transformers' forward
+                log.exception("slots engine: checking the fused forward failed; serving with transformers' forward")
+                self.fused = None
+        if self.fused is not None:  # eager: nothing of transformers' forward to compile or re-route
+            self.compiled, self.compile_mode = False, "off"
+            self.ready.set()
+            return
         if self.decode_attention == "kernel":
             try:
                 self.kernel = self._use_kernel()
@@ -493,9 +537,14 @@ class SlotEngine:
         self._drop_cancelled()
         if self._swap is not None:  # draining for a weight swap: finish the running rows, admit none
             if self.rows:
-                self._decode(len(self.rows))
+                self._fused_step() if self.fused is not None else self._decode(len(self.rows))
             else:
                 self._apply_swap()
+            return
+        if self.fused is not None:
+            self._admit_ragged()
+            if self.rows:
+                self._fused_step()
             return
         running = len(self.rows)  # rows 0..running-1 decode this step; newcomers come after them
         newcomers = self._admit()
@@ -534,6 +583,8 @@ class SlotEngine:
             with torch.no_grad():
                 for name, tensor in self.model.state_dict().items():  # views of the parameters: copied in place
                     tensor.copy_(swap["state"][name].to(device=tensor.device, dtype=tensor.dtype))
+            if self.fused is not None:  # its fused weights are views of these; packed copies are not
+                self.fused.refresh()
             log.info("slots engine: new weights loaded in %.2f s", time.perf_counter() - started)
         except Exception as exc:  # pragma: no cover - shapes were checked in swap_weights
             log.exception("slots engine: the weight swap failed")
@@ -580,6 +631,22 @@ class SlotEngine:
             row.offset = width - row.length
         return newcomers
 
+    def _admit_ragged(self) -> None:
+        """The fused forward's admission: queued requests take free slots while the prompt
+        tokens still waiting to be prefilled are under max_prefill_tokens (a step prefills at
+        most that many, in chunks: a long prompt takes several steps, beside the decodes)."""
+        waiting = sum(len(r.stream.prompt_ids) - r.prefilled for r in self.rows if r.prefilling)
+        with self._wake:
+            while self._inbox and len(self.rows) < self.num_slots and waiting < self.max_prefill_tokens:
+                stream = self._inbox.popleft()
+                if stream.cancelled:
+                    continue
+                self._admissions += 1
+                n = len(stream.prompt_ids)
+                self.rows.append(_Row(stream, offset=0, length=n, last=-1, sampler=row_sampler(stream.params),
+                                      admitted=self._admissions))
+                waiting += n
+
     def _prefill(self, newcomers: list[_Row], forward=None) -> None:
         import torch
 
@@ -606,6 +673,84 @@ class SlotEngine:
         finally:
             self.cache.prefill = False
         self._advance(newcomers, logits, first)
+
+    def _fused_step(self) -> None:
+        """One ragged forward over every row: a token for each decoding row, and the next
+        chunk of each prefilling row's prompt (up to max_prefill_tokens in all, the earliest
+        admitted first). Rows that decoded, and rows whose prompt is now whole, get their
+        next token."""
+        import torch
+
+        budget = self.max_prefill_tokens
+        chunks: dict[int, int] = {}  # slot -> prompt tokens it prefills this step
+        for slot in sorted((i for i, r in enumerate(self.rows) if r.prefilling), key=lambda i: self.rows[i].admitted):
+            if budget <= 0:
+                break
+            row = self.rows[slot]
+            chunks[slot] = min(budget, len(row.stream.prompt_ids) - row.prefilled)
+            budget -= chunks[slot]
+        ids: list[int] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        starts: list[int] = []
+        picks: list[int] = []  # the tokens whose logits pick a next token
+        picked: list[int] = []  # ... and their rows' slots
+        decoding: list[_Row] = []
+        for slot, row in enumerate(self.rows):
+            if slot in chunks:
+                first, count = row.prefilled, chunks[slot]
+                ids.extend(row.stream.prompt_ids[first:first + count])
+                positions.extend(range(first, first + count))
+                if first + count == len(row.stream.prompt_ids):
+                    picks.append(len(ids) - 1)
+                    picked.append(slot)
+            elif not row.prefilling:
+                ids.append(row.last)
+                positions.append(row.write_at)
+                count = 1
+                picks.append(len(ids) - 1)
+                picked.append(slot)
+                decoding.append(row)
+            else:
+                continue  # waits for budget in a later step
+            slots.extend([slot] * count)
+            starts.extend([row.offset] * count)
+        if not ids:
+            return
+        def longs(values: list[int]):
+            return torch.tensor(values, dtype=torch.long, device=self.device)
+
+        logits = self.fused.forward(longs(ids), longs(slots), longs(positions), longs(starts), longs(picks),
+                                    self.cache.kv)
+        if self.on_batch:
+            self.on_batch(len(picks))
+        for row in decoding:
+            row.length += 1  # its `last` token is in the cache now
+        for slot, count in chunks.items():
+            self.rows[slot].prefilled += count
+        self._advance([self.rows[slot] for slot in picked], logits, picked)
+
+    def _use_fused(self):
+        """A FusedLlama for the served model if it can serve it and matches transformers' forward on it."""
+        import torch
+
+        from components.serving import fused_llama
+
+        reason = fused_llama.unsupported_reason(self.model)
+        if reason is not None:
+            log.info("slots engine: transformers' forward (the fused forward does not serve %s)", reason)
+            return None
+        fused = fused_llama.FusedLlama(self.model, self.max_len)
+        if self.cache.kv is None:
+            self.cache.allocate_shape(fused.kv_heads, fused.head_dim, self.model.dtype, self.device)
+        with torch.inference_mode():
+            mismatch = fused_llama.check_against_transformers(fused, self.model, self.cache.kv)
+        if mismatch is not None:
+            log.warning("slots engine: the fused forward disagrees with transformers' on %s (%s); "
+                        "serving with transformers' forward", self.loaded.path, mismatch)
+            return None
+        log.info("slots engine: fused forward (%s, ragged prefill + decode steps)", fused.dtype)
+        return fused
 
     def _decode(self, n: int) -> None:
         """One token for each of the rows in slots 0..n-1."""
@@ -678,12 +823,15 @@ class SlotEngine:
             return False
         return True
 
-    def _advance(self, rows: list[_Row], logits, first_slot: int) -> None:
-        """Pick each row's next token, hand it to its stream, and free the rows that ended."""
+    def _advance(self, rows: list[_Row], logits, slots: int | list[int]) -> None:
+        """Pick each row's next token, hand it to its stream, and free the rows that ended.
+        slots: each row's slot, or the first of consecutive ones."""
+        if isinstance(slots, int):
+            slots = list(range(slots, slots + len(rows)))
         with batched_delivery():
-            self._hand_out(rows, logits, first_slot)
+            self._hand_out(rows, logits, slots)
 
-    def _hand_out(self, rows: list[_Row], logits, first_slot: int) -> None:
+    def _hand_out(self, rows: list[_Row], logits, slots: list[int]) -> None:
         failed = {}
         if any(r.sampler is not None for r in rows):
             failed = sample_rows(logits, [r.sampler for r in rows])
@@ -693,13 +841,13 @@ class SlotEngine:
         for i, (row, token) in enumerate(zip(rows, tokens)):
             stream = row.stream
             if stream.cancelled:
-                ended.append(first_slot + i)
+                ended.append(slots[i])
             elif i in failed:  # only this request fails; the rest of the step goes on
                 stream.finish("error", failed[i])
-                ended.append(first_slot + i)
+                ended.append(slots[i])
             elif token in stop_ids and not stream.params.ignore_eos:
                 stream.finish("stop")
-                ended.append(first_slot + i)
+                ended.append(slots[i])
             else:
                 if row.sampler is not None:
                     row.sampler.observe(token)
@@ -708,7 +856,7 @@ class SlotEngine:
                 row.last = token
                 if row.generated >= stream.params.max_new_tokens or row.write_at >= self.max_len:
                     stream.finish("length")
-                    ended.append(first_slot + i)
+                    ended.append(slots[i])
         for slot in sorted(ended, reverse=True):
             self._free(slot)
 
