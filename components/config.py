@@ -544,12 +544,13 @@ class ServingConfig(Section):
     # system C compiler). It falls back to sdpa where it cannot be built or does not match
     # sdpa on the model. sdpa: reads every row up to the longest one.
     decode_attention: Literal["kernel", "sdpa"] = "kernel"
-    # slots engine, the model's forward. fused: tuneloop's own for Llama-architecture models on a
-    # CPU (components/serving/fused_llama.py: fused q|k|v and gate|up products, RoPE + cache
-    # write + attention + norms in C, ragged steps that prefill newcomers beside the running
-    # decodes; no torch.compile). It is used only where it serves the model and matches
-    # transformers' forward on it at start-up; otherwise, and with transformers, the model's
-    # own forward (compile, compile_mode and decode_attention apply to that one).
+    # slots engine, the model's forward. fused: tuneloop's own for Llama- and GPT-2-architecture
+    # models on a CPU (components/serving/fused_forward.py: fused q|k|v (and gate|up) products on
+    # oneDNN-packed bf16 weights, RoPE + cache write + attention + norms + activations in C,
+    # ragged steps that prefill prompts in chunks beside the running decodes; no torch.compile).
+    # It is used only where it serves the model and matches transformers' forward on it at
+    # start-up; otherwise, and with transformers, the model's own forward (compile, compile_mode
+    # and decode_attention apply to that one).
     forward: Literal["fused", "transformers"] = "fused"
     # Streaming: tokens of one stream produced within this window travel in one SSE chunk
     # (the first token is always sent at once). 0 = a chunk per engine step.

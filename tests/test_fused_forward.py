@@ -1,8 +1,9 @@
-"""The slots engine's fused forward for Llama-architecture models (components/serving/fused_llama.py):
-the same logits as transformers' forward over ragged batches (float32 and bfloat16, grouped-query
-heads), the same greedy tokens as `generate` while requests join, queue, leave and move between
-slots, seeded sampling equal to the other engines, weight swaps seen through the fused weights,
-and transformers' forward wherever the fused one does not serve the model or disagrees with it."""
+"""The slots engine's fused forward for Llama- and GPT-2-architecture models
+(components/serving/fused_forward.py): the same logits as transformers' forward over ragged
+batches (float32 and bfloat16, grouped-query heads), the same greedy tokens as `generate` while
+requests join, queue, leave, move between slots and prefill in chunks, seeded sampling and
+penalties equal to the other engines, weight swaps seen through the fused weights, and
+transformers' forward wherever the fused one does not serve the model or disagrees with it."""
 
 from __future__ import annotations
 
@@ -18,42 +19,52 @@ from tests.test_serving_engine import PROMPTS, collect, reference, run_adaptive
 from tests.test_serving_slots import assert_greedy_matches, many_specs, run_slots
 
 
+ARCHITECTURES = ["llama", "gpt2"]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama")
-    return {"a": build_tiny_model(root / "a", architecture="llama", seed=0),
-            "b": build_tiny_model(root / "b", architecture="llama", seed=1),
-            "gpt2": build_tiny_model(root / "gpt2")}
+    root = tmp_path_factory.mktemp("fused")
+    return {arch: {"a": build_tiny_model(root / f"{arch}-a", architecture=arch, seed=0),
+                   "b": build_tiny_model(root / f"{arch}-b", architecture=arch, seed=1)} for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def loaded(folders):
+def loaded(folders, arch):
     from components.serving.engine import load_model
 
-    return load_model(folders["a"], num_threads=1)
+    return load_model(folders[arch]["a"], num_threads=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_logits_equal_transformers_over_a_ragged_batch(loaded, dtype):
-    from components.serving.fused_llama import FusedLlama, check_against_transformers
+def test_fused_logits_equal_transformers_over_a_ragged_batch(loaded, arch, dtype):
+    from components.serving.fused_forward import check_against_transformers, fused_forward_for
 
     model = copy.deepcopy(loaded.model).to(dtype)
-    fused = FusedLlama(model, max_len=64)
-    assert fused.kv_heads < fused.heads  # grouped-query attention is exercised
+    fused = fused_forward_for(model, max_len=64)
+    assert type(fused).__name__ == {"llama": "FusedLlama", "gpt2": "FusedGPT2"}[arch]
+    if arch == "llama":
+        assert fused.kv_heads < fused.heads  # grouped-query attention is exercised
     kv = torch.zeros(2, 2, 3, fused.kv_heads, 64, fused.head_dim, dtype=dtype)
     with torch.inference_mode():
         assert check_against_transformers(fused, model, kv) is None
-        # A mistake the check must catch: keys rotated for the wrong positions.
-        fused.cos, fused.sin = fused.cos.roll(3, 0), fused.sin.roll(3, 0)
+        # A mistake the check must catch: a layer's attention scaled wrong.
+        fused.layers[1].scale *= 3
         assert "relative difference" in check_against_transformers(fused, model, kv)
 
 
-def test_fused_weights_are_the_models_own_memory(loaded):
-    """q|k|v and gate|up are fused into one tensor each; the model's layers are views of it, so a
-    swap that copies into the model's state_dict changes what the fused forward computes."""
-    from components.serving.fused_llama import FusedLlama
+def test_fused_weights_are_the_models_own_memory(folders):
+    """Llama's q|k|v and gate|up are fused into one tensor each; the model's layers are views of
+    it, so a swap that copies into the model's state_dict changes what the fused forward computes."""
+    from components.serving.engine import load_model
+    from components.serving.fused_forward import FusedLlama
 
-    model = copy.deepcopy(loaded.model)
+    model = load_model(folders["llama"]["a"], num_threads=1).model
     fused = FusedLlama(model, max_len=64)
     attn = model.model.layers[0].self_attn
     assert attn.q_proj.weight.data_ptr() == fused.layers[0].qkv.weight.data_ptr()
@@ -65,7 +76,7 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded):
     specs = many_specs(loaded)
     sizes: list[int] = []
     engines: list = []
-    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines)
+    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines, forward="fused")
     assert engines[0].forward_name == "fused" and not engines[0].compiled
     assert_greedy_matches(loaded, specs, results)
     assert 4 <= max(sizes) <= 8 and len(set(sizes)) > 3  # requests took turns for 8 slots
@@ -82,7 +93,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(loaded):
     specs = [(short, SamplingParams(100, temperature=0.0, ignore_eos=True)),
              (long_prompt, SamplingParams(4, temperature=0.0)), (short[:3], SamplingParams(30, temperature=0.0))]
     sizes: list[int] = []
-    results = run_slots(loaded, specs, num_slots=3, stagger_s=0.05, sizes=sizes, max_prefill_tokens=16)
+    results = run_slots(loaded, specs, num_slots=3, stagger_s=0.05, sizes=sizes, max_prefill_tokens=16,
+                        forward="fused")
     assert_greedy_matches(loaded, specs[1:], results[1:])
     assert len(results[0][0]) == 100
     # 100 + 4 + 30 tokens were picked, one per row and step; the prefill took >= 248 / 16 steps
@@ -96,17 +108,17 @@ def test_seeded_sampling_and_penalties_equal_the_adaptive_engine(loaded):
     ids = loaded.tokenizer(PROMPTS[1])["input_ids"]
     seeded = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=1234)
     shaped = SamplingParams(max_new_tokens=12, temperature=0.0, frequency_penalty=1.5, logit_bias=((5, 3.0),))
-    s = run_slots(loaded, [(ids, seeded), (ids, shaped), (ids, seeded)])
+    s = run_slots(loaded, [(ids, seeded), (ids, shaped), (ids, seeded)], forward="fused")
     a = run_adaptive(loaded, [(ids, seeded), (ids, shaped)])
     assert s[0] == s[2] == a[0]
     assert s[1] == a[1]
 
 
-def test_a_weight_swap_reaches_the_fused_forward(folders, loaded):
+def test_a_weight_swap_reaches_the_fused_forward(folders, loaded, arch):
     from components.serving.engine import GenerationStream, SamplingParams, load_model
     from components.serving.slots import SlotEngine
 
-    lb = load_model(folders["b"], num_threads=1)
+    lb = load_model(folders[arch]["b"], num_threads=1)
     prompt = loaded.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"]
     want_a, want_b = reference(loaded, prompt, 12), reference(lb, prompt, 12)
     assert want_a != want_b
@@ -132,22 +144,34 @@ def test_a_weight_swap_reaches_the_fused_forward(folders, loaded):
     assert before[0] == want_a and after[0] == want_b
 
 
-def test_transformers_forward_where_the_fused_one_does_not_serve(folders, loaded, monkeypatch, caplog):
-    from components.serving import fused_llama
+def test_transformers_forward_where_the_fused_one_does_not_serve(loaded, tmp_path, monkeypatch, caplog):
+    from transformers import AutoModelForCausalLM
+
+    from components.serving import fused_forward
     from components.serving.engine import load_model
 
-    gpt2 = load_model(folders["gpt2"], num_threads=1)
+    # GPT-2 with erf GELU: not an activation the fused forward has
+    model = AutoModelForCausalLM.from_pretrained(loaded.path)
+    if model.config.model_type == "gpt2":
+        model.config.activation_function = "gelu"
+    else:
+        model.config.hidden_act = "gelu"
+    model.save_pretrained(tmp_path / "other")
+    loaded.tokenizer.save_pretrained(tmp_path / "other")
+    other = load_model(tmp_path / "other", num_threads=1)
+    assert "activation" in fused_forward.unsupported_reason(other.model) or "hidden_act" in \
+        fused_forward.unsupported_reason(other.model)
     engines: list = []
-    specs = many_specs(gpt2, n=4)
-    assert_greedy_matches(gpt2, specs, run_slots(gpt2, specs, engine_out=engines))
-    assert engines[0].forward_name == "transformers"  # GPT-2 is not a Llama-architecture model
+    specs = many_specs(other, n=4)
+    assert_greedy_matches(other, specs, run_slots(other, specs, engine_out=engines, forward="fused"))
+    assert engines[0].forward_name == "transformers"
 
     # A fused forward that disagrees with transformers' on the served model is not used.
-    monkeypatch.setattr(fused_llama, "TOLERANCE", {torch.float32: -1.0, torch.bfloat16: -1.0})
+    monkeypatch.setattr(fused_forward, "TOLERANCE", {torch.float32: -1.0, torch.bfloat16: -1.0})
     engines = []
     specs = many_specs(loaded, n=4)
     with caplog.at_level(logging.WARNING, logger="components.serving.slots"):
-        assert_greedy_matches(loaded, specs, run_slots(loaded, specs, engine_out=engines))
+        assert_greedy_matches(loaded, specs, run_slots(loaded, specs, engine_out=engines, forward="fused"))
     assert engines[0].forward_name == "transformers"
     assert "fused forward disagrees with transformers'" in caplog.text
 

@@ -1,4 +1,5 @@
-"""The slots engine (components/serving/slots.py), in-process: greedy output equal to
+"""The slots engine (components/serving/slots.py) on transformers' forward, in-process (its fused
+forward, the default where it serves the model: test_fused_forward.py): greedy output equal to
 single-request `generate` while requests join, wait for a slot, leave and move between
 slots, with the slot attention kernel and with sdpa; seeded sampling equal to the other
 engines; cancellation; the torch.compile'd variant; and the coalescing of streamed tokens
@@ -31,8 +32,11 @@ def loaded(tmp_path_factory):
 
 
 def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None,
-              decode_attention="kernel", **engine_kw):
+              decode_attention="kernel", forward="transformers", **engine_kw):
     """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
+
+    forward: transformers' (what this file tests: padded prefill, the decoding kernel, sdpa,
+    torch.compile) unless asked otherwise (test_fused_forward.py asks for the fused one).
 
     stagger_s > 0: requests arrive at random times within it (seeded), so newcomers join
     a running batch and are prefilled between other rows' decoding steps.
@@ -43,7 +47,7 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
     async def main():
         engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
                             on_batch=sizes.append if sizes is not None else None, decode_attention=decode_attention,
-                            **engine_kw)
+                            forward=forward, **engine_kw)
         engine.launch()
         await asyncio.to_thread(engine.ready.wait, 600)
         rng = random.Random(0)

@@ -97,7 +97,7 @@ void slot_decode_attention(const float *q, const float *k, const float *v, float
 }
 """
 
-# The fused forward's kernels (fused_llama.py), written once for a storage type and expanded
+# The fused forward's kernels (fused_forward.py), written once for a storage type and expanded
 # for float32 (f32) and bfloat16 (bf16, kept as uint16 and widened to float32 in registers;
 # every sum is float32). Where torch rounds an intermediate to bfloat16 (RMSNorm's normalised
 # value, SiLU's output, a residual sum), so do these (RND), to stay next to the model's own
@@ -287,6 +287,48 @@ void add_rms_norm_$S($T *x, const $T *delta, const $T *w, $T *out, long n, long 
         float r = 1.f / sqrtf(ss / (float)C + eps);
         #pragma omp simd
         for (long c = 0; c < C; c++) ST_$S(o + c, LD_$S(w + c) * RND_$S(LD_$S(xt + c) * r));
+    }
+}
+
+/* x += delta (when delta is not NULL), then out = LayerNorm(x) * w + b: per row of C values. */
+void add_layer_norm_$S($T *x, const $T *delta, const $T *w, const $T *b, $T *out, long n, long C, float eps) {
+    #pragma omp parallel for schedule(static) if (n * C >= 65536)
+    for (long t = 0; t < n; t++) {
+        $T *xt = x + t * C, *o = out + t * C;
+        float sum = 0.f;
+        if (delta) {
+            const $T *dt = delta + t * C;
+            #pragma omp simd reduction(+:sum)
+            for (long c = 0; c < C; c++) {
+                float v = RND_$S(LD_$S(xt + c) + LD_$S(dt + c));
+                ST_$S(xt + c, v);
+                sum += v;
+            }
+        } else {
+            #pragma omp simd reduction(+:sum)
+            for (long c = 0; c < C; c++) sum += LD_$S(xt + c);
+        }
+        float mean = sum / (float)C, var = 0.f;
+        #pragma omp simd reduction(+:var)
+        for (long c = 0; c < C; c++) { float d = LD_$S(xt + c) - mean; var += d * d; }
+        float r = 1.f / sqrtf(var / (float)C + eps);
+        #pragma omp simd
+        for (long c = 0; c < C; c++) ST_$S(o + c, (LD_$S(xt + c) - mean) * r * LD_$S(w + c) + LD_$S(b + c));
+    }
+}
+
+/* x = GELU(x) in place (the tanh approximation, GPT-2's gelu_new), over n rows of I values;
+   tanh(u) = 1 - 2 / (exp(2u) + 1), through the vectorised expf. */
+void gelu_tanh_$S($T *x, long n, long I) {
+    #pragma omp parallel for schedule(static) if (n * I >= 65536)
+    for (long t = 0; t < n; t++) {
+        $T *xt = x + t * I;
+        #pragma omp simd
+        for (long i = 0; i < I; i++) {
+            float v = LD_$S(xt + i);
+            float u = 0.7978845608028654f * (v + 0.044715f * v * v * v);
+            ST_$S(xt + i, 0.5f * v * (2.f - 2.f / (expf(2.f * u) + 1.f)));
+        }
     }
 }
 

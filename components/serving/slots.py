@@ -65,7 +65,7 @@ class SlotEngineError(ServingSetupError):
 
 
 HUGE_PAGE = 2 << 20
-KEY_BLOCK = 16  # fused_llama.KEY_BLOCK (not imported here: that module needs torch at import)
+KEY_BLOCK = 16  # fused_forward.KEY_BLOCK (not imported here: that module needs torch at import)
 MADV_HUGEPAGE = 14
 
 
@@ -380,14 +380,14 @@ class SlotEngine:
         # second thread team whose spinning cost the engine ~20% (in-process 5.0k vs 8.0k tok/s).
         self.decode_attention = decode_attention
         self.kernel = False
-        # The forward: tuneloop's fused one (fused_llama.py: Llama-architecture models on a CPU,
+        # The forward: tuneloop's fused one (fused_forward.py: Llama and GPT-2 architectures on a CPU,
         # ragged steps that prefill newcomers beside the running decodes) where it serves the
         # model and matches transformers' forward on it at start-up; else transformers' own.
         # Also chosen on the engine's thread (_prepare).
         if forward not in ("fused", "transformers"):
             raise ValueError(f"serving.forward must be fused or transformers, not {forward!r}")
         self.forward_wanted = forward
-        self.fused = None  # a FusedLlama once chosen
+        self.fused = None  # a fused_forward.FusedDecoder once chosen
         self._replaced_attention: str | None = None  # the model's attention before the kernel's
         self._forward, self._decode_forward = self._run_model, self._decode_model
         self._admissions = 0
@@ -731,25 +731,26 @@ class SlotEngine:
         self._advance([self.rows[slot] for slot in picked], logits, picked)
 
     def _use_fused(self):
-        """A FusedLlama for the served model if it can serve it and matches transformers' forward on it."""
+        """The fused forward for the served model if there is one and it matches transformers' forward on it."""
         import torch
 
-        from components.serving import fused_llama
+        from components.serving import fused_forward
 
-        reason = fused_llama.unsupported_reason(self.model)
+        reason = fused_forward.unsupported_reason(self.model)
         if reason is not None:
             log.info("slots engine: transformers' forward (the fused forward does not serve %s)", reason)
             return None
-        fused = fused_llama.FusedLlama(self.model, self.max_len)
+        fused = fused_forward.fused_forward_for(self.model, self.max_len)
         if self.cache.kv is None:
             self.cache.allocate_shape(fused.kv_heads, fused.head_dim, self.model.dtype, self.device)
         with torch.inference_mode():
-            mismatch = fused_llama.check_against_transformers(fused, self.model, self.cache.kv)
+            mismatch = fused_forward.check_against_transformers(fused, self.model, self.cache.kv)
         if mismatch is not None:
             log.warning("slots engine: the fused forward disagrees with transformers' on %s (%s); "
                         "serving with transformers' forward", self.loaded.path, mismatch)
             return None
-        log.info("slots engine: fused forward (%s, ragged prefill + decode steps)", fused.dtype)
+        log.info("slots engine: fused forward (%s, %s, ragged steps: prompts prefilled in chunks of up to %d "
+                 "tokens beside the decodes)", type(fused).__name__, fused.dtype, self.max_prefill_tokens)
         return fused
 
     def _decode(self, n: int) -> None:
