@@ -95,9 +95,10 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup):
     assert result.version == setup["v1"] and result.registered_model == "tuneloop-chat"
     assert result.validation.passed and result.validation.completion is not None
     assert any("infra validation" in s for s in steps)
-    # bento.validation_compile (default false): the validation serves uncompiled, while the
-    # same config's `tuneloop serve` above compiled (serving.compile: true).
-    assert "torch.compile: full (" in (setup["root"] / "serve-source.log").read_text()
+    # The demo model (GPT-2) is served by the slots engine's fused forward, which compiles
+    # nothing; bento.validation_compile (default false) keeps the validation uncompiled for
+    # models served by transformers' forward.
+    assert "forward: fused; torch.compile: off" in (setup["root"] / "serve-source.log").read_text()
     assert "torch.compile: off" in Path(result.validation.log_path).read_text()
     bento_v1 = result.bento_tag
     assert bento_v1.startswith("tuneloop_llm:")
