@@ -393,6 +393,8 @@ def median_of(rounds: list[dict]) -> dict:
     out["failed"] = sum(s["failed"] for s in rounds)  # a failure in any round is reported
     out["errors"] = sorted({e for s in rounds for e in s["errors"]})[:5]
     out["others_cpu"] = max(s.get("others_cpu", 0.0) for s in rounds)
+    if shares := [s["log_cpu_share"] for s in rounds if "log_cpu_share" in s]:
+        out["log_cpu_shares"] = shares
     return out
 
 
@@ -423,6 +425,7 @@ def print_system(s: dict) -> None:
         values = f"{p['mean']:>8.0f}{p['p50']:>6.0f}{p['p95']:>6.0f}{p['p99']:>6.0f}"
         print(f"{label + ' (ms) mean/p50/p95/p99':<34}{values}")
     for key, label in [("mean_batch_size", "Mean batch size (server)"), ("server_cpu", "Server CPU (cores busy)"),
+                       ("log_cpu_share", "  of which the request log (share)"),
                        ("client_cpu", "Client CPU (cores busy)"), ("others_cpu", "Other processes' CPU (cores)"),
                        ("load", "Load avg before -> after")]:
         if key in s:
@@ -466,6 +469,10 @@ def print_comparison(summaries: list[dict]) -> None:
         print(f"\nrequest log: (c2) / (c3) output tok/s, median per round = {cost:.3f} (rounds "
               f"{' / '.join(f'{r:.2f}' for r in per_round)}; cost {1 - cost:+.1%}; target <= 2 %) "
               f"{'MET' if cost >= 0.98 else 'MISSED'}")
+        if shares := logged.get("log_cpu_shares"):
+            print(f"request log: its own CPU (event loop + writer + redactor) per round "
+                  f"{' / '.join(f'{x:.2%}' for x in shares)} of (c2)'s server CPU (median "
+                  f"{sorted(shares)[(len(shares) - 1) // 2]:.2%})")
     if (fused := by.get(LABELS["slots"])) and (theirs := by.get(TRANSFORMERS_LABEL)):
         per_round = [a / b for a, b in zip(fused["rounds_tok_s"], theirs["rounds_tok_s"]) if b]
         gain = float(sorted(per_round)[(len(per_round) - 1) // 2])
@@ -570,17 +577,20 @@ def wait_until_quiet(max_wait_s: float, busy_cores: float = 0.3) -> None:
         time.sleep(3.0)
 
 
-def scrape_batch_stats(url: str) -> tuple[float, float]:
-    """(sum, count) of tuneloop_batch_size over all label sets."""
+def scrape_server_stats(url: str) -> tuple[float, float, float]:
+    """(sum, count) of tuneloop_batch_size over all label sets, and the request log's CPU
+    seconds (tuneloop_request_log_cpu_seconds_total, every part)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         text = r.read().decode()
-    total = count = 0.0
+    total = count = log_cpu = 0.0
     for line in text.splitlines():
         if line.startswith("tuneloop_batch_size_sum"):
             total += float(line.rsplit(" ", 1)[1])
         elif line.startswith("tuneloop_batch_size_count"):
             count += float(line.rsplit(" ", 1)[1])
-    return total, count
+        elif line.startswith("tuneloop_request_log_cpu_seconds_total"):
+            log_cpu += float(line.rsplit(" ", 1)[1])
+    return total, count, log_cpu
 
 
 # ---------------------------------------------------------------------------------------
@@ -652,10 +662,13 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
 
         def once():
             extra: dict = {}
-            before = scrape_batch_stats(url)
+            before = scrape_server_stats(url)
             with measured(extra, proc.pid):
                 results, duration = asyncio.run(drive_http(url, requests, send_chat_stream, args, label))
-            after = scrape_batch_stats(url)
+            after = scrape_server_stats(url)
+            if (log_cpu := after[2] - before[2]) > 0 and extra.get("server_cpu"):
+                # the request log's own CPU (event loop + writer thread + redactor process) over the server's
+                extra["log_cpu_share"] = log_cpu / (extra["server_cpu"] * duration)
             if batches := after[1] - before[1]:
                 extra["mean_batch_size"] = (after[0] - before[0]) / batches
                 unit, per = ("generate batches", "batch") if engine == "adaptive" else ("decoding steps", "step")

@@ -155,6 +155,36 @@ def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_
         assert key not in path.read_text() and key.split("_", 1)[1] not in path.read_text()
 
 
+def test_the_logs_own_cpu_is_counted_by_part(loaded, tmp_path):
+    """tuneloop_request_log_cpu_seconds_total{part}: what the log costs the server (the serving
+    benchmark reports its share of the server's CPU): the records' making and hand-over on the
+    event loop, the writer, and the redaction process (the gateway's PII is off here, so the
+    writer has every text redacted there)."""
+    import prometheus_client as prom
+
+    from components.requestlog.writer import RequestLogMetrics
+
+    cfg = gateway_config(tmp_path, pii={"mode": "off", "outputs": "off"})
+    key, _ = make_key(cfg)
+    registry = prom.CollectorRegistry()
+
+    async def test(app, g, request_log):
+        request_log.metrics = RequestLogMetrics(registry)
+        client = raw(app)
+        for i in range(12):
+            r = await client.post("/v1/completions", json={"model": "tiny", "prompt": f"mail me at a{i}@corp.io",
+                                                           "max_tokens": 3}, headers=bearer(key))
+            assert r.status_code == 200
+        await client.aclose()
+        assert request_log.flush() == 12
+
+    run_logged(loaded, cfg, test)
+    spent = {part: registry.get_sample_value("tuneloop_request_log_cpu_seconds_total", {"part": part})
+             for part in ("requests", "writer", "redactor")}
+    assert all(v is not None and v > 0 for v in spent.values()), spent
+    assert all("@corp.io" not in str(r["prompt"]) for r in logged(cfg))
+
+
 def test_logged_texts_are_redacted_by_the_gateway_or_else_by_the_writer(loaded, tmp_path):
     answer = "Sure! " + PLANTED_TEXT + " Anything else?"
     items = [f"My {k} is {v}." for k, v in PLANTED.items()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from components.gateway.pipeline import STATE_KEY as GATE_KEY
 from components.requestlog.record import RequestRecord, verdict_summary
@@ -37,9 +38,11 @@ class RequestLogMiddleware:
         request_log = getattr(state, "request_log", None)
         if request_log is None:
             return await self.app(scope, receive, send)
+        spent = time.thread_time()  # the log's own work on the event loop, reported as its cost
         record = RequestRecord(route=scope["path"], method=scope.get("method", ""))
         scope.setdefault("state", {})[STATE_KEY] = record
         error_body: list[bytes] = []
+        spent = time.thread_time() - spent
 
         async def logged_send(message):
             if message["type"] == "http.response.start":
@@ -58,11 +61,13 @@ class RequestLogMiddleware:
                 record.status = 500
             raise
         finally:
+            started = time.thread_time()
             try:
                 _complete(record, scope, error_body)
                 request_log.submit(record.to_dict())
             except Exception:  # the log never breaks a response
                 log.exception("request log: could not record %s", record.request_id)
+            request_log.account(spent + time.thread_time() - started)
 
 
 def _complete(record: RequestRecord, scope, error_body: list[bytes]) -> None:

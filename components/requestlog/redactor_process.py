@@ -38,6 +38,17 @@ class ProcessRedactor:
         self._lock = threading.Lock()
         self._buf = b""
 
+    def cpu_seconds(self) -> float | None:
+        """CPU (user + system) the current child process has used, where /proc tells (Linux)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "components.requestlog.redactor_process", self.args],

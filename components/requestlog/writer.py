@@ -38,10 +38,16 @@ class _NoMetrics:
     def pending(self, n: int) -> None:
         pass
 
+    def cpu(self, part: str, seconds: float) -> None:
+        pass
+
 
 class RequestLogMetrics:
-    """| tuneloop_request_log_records_total | stream (requests, feedback), result (written, spilled) |
-    | tuneloop_request_log_pending        | records buffered, not yet written                     |
+    """| tuneloop_request_log_records_total     | stream (requests, feedback), result (written, spilled) |
+    | tuneloop_request_log_pending            | records buffered, not yet written                     |
+    | tuneloop_request_log_cpu_seconds_total  | part: requests (making and handing over the records, on |
+    |                                         | the event loop), writer (the writer thread), redactor   |
+    |                                         | (its child process): what the log costs the server      |
     (create inside the server's worker, as ServingMetrics)"""
 
     def __init__(self, registry=None):
@@ -52,12 +58,17 @@ class RequestLogMetrics:
                                      ["stream", "result"], **kw)
         self._pending = prom.Gauge("tuneloop_request_log_pending", "Request-log records not yet written",
                                    multiprocess_mode="livesum", **kw)
+        self._cpu = prom.Counter("tuneloop_request_log_cpu_seconds", "CPU time the request log used", ["part"], **kw)
 
     def records(self, stream: str, result: str, n: int) -> None:
         self._records.labels(stream=stream, result=result).inc(n)
 
     def pending(self, n: int) -> None:
         self._pending.set(n)
+
+    def cpu(self, part: str, seconds: float) -> None:
+        if seconds > 0:
+            self._cpu.labels(part=part).inc(seconds)
 
 
 class RequestLog:
@@ -85,10 +96,15 @@ class RequestLog:
         self.written = 0
         self.spilled = 0
         self.niceness = niceness
+        self._redactor_cpu_seen = 0.0
         self._thread = threading.Thread(target=self._run, name="tuneloop-request-log", daemon=True)
         self._thread.start()
 
     # ---- the event loop's side -----------------------------------------------------------
+    def account(self, seconds: float) -> None:
+        """CPU time the event loop spent on the log's behalf (the middleware measures it)."""
+        self.metrics.cpu("requests", seconds)
+
     def submit(self, record: dict, stream: str = "requests") -> None:
         with self._lock:
             if not self._closed:
@@ -119,14 +135,26 @@ class RequestLog:
             if closed:
                 return
 
+    def _account_redactor(self) -> None:
+        """The redaction child process's CPU since the last look (ProcessRedactor.cpu_seconds)."""
+        seconds = getattr(self._redactor, "cpu_seconds", None)
+        if callable(seconds):
+            total = seconds()
+            if total is not None:
+                self.metrics.cpu("redactor", total - self._redactor_cpu_seen)
+                self._redactor_cpu_seen = max(total, self._redactor_cpu_seen)
+
     def flush(self) -> int:
         """Write everything buffered now; returns how many records were written."""
+        started = time.thread_time()
         with self._lock:
             batch, self._buffer = self._buffer, []
         if batch:
             self.metrics.pending(len(batch))
             self._write(batch)
             self.metrics.pending(0)
+            self.metrics.cpu("writer", time.thread_time() - started)
+            self._account_redactor()
         return len(batch)
 
     def _write(self, batch: list[tuple[str, dict]]) -> None:
