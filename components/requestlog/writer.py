@@ -47,7 +47,8 @@ class RequestLogMetrics:
     | tuneloop_request_log_pending            | records buffered, not yet written                     |
     | tuneloop_request_log_cpu_seconds_total  | part: requests (making and handing over the records, on |
     |                                         | the event loop), writer (the writer thread), redactor   |
-    |                                         | (its child process): what the log costs the server      |
+    |                                         | (its child process), redactor_start (loading it, once): |
+    |                                         | what the log costs the server                           |
     (create inside the server's worker, as ServingMetrics)"""
 
     def __init__(self, registry=None):
@@ -135,14 +136,17 @@ class RequestLog:
             if closed:
                 return
 
-    def _account_redactor(self) -> None:
-        """The redaction child process's CPU since the last look (ProcessRedactor.cpu_seconds)."""
+    def _account_redactor(self, part: str = "redactor") -> None:
+        """The redaction child process's CPU since the last look (ProcessRedactor.cpu_seconds);
+        a new child (after one died) starts from zero again."""
         seconds = getattr(self._redactor, "cpu_seconds", None)
         if callable(seconds):
             total = seconds()
             if total is not None:
-                self.metrics.cpu("redactor", total - self._redactor_cpu_seen)
-                self._redactor_cpu_seen = max(total, self._redactor_cpu_seen)
+                if total < self._redactor_cpu_seen:
+                    self._redactor_cpu_seen = 0.0
+                self.metrics.cpu(part, total - self._redactor_cpu_seen)
+                self._redactor_cpu_seen = total
 
     def flush(self) -> int:
         """Write everything buffered now; returns how many records were written."""
@@ -196,6 +200,7 @@ class RequestLog:
                     warm = getattr(self._redactor, "warm_up", None)
                     if warm is not None:
                         warm()
+                    self._account_redactor("redactor_start")  # loading Presidio, once
                 except Exception as exc:  # fail closed: texts are omitted, records still written
                     self._redactor = None
                     self._redactor_error = f"the PII redactor did not start: {type(exc).__name__}: {exc}"
