@@ -640,7 +640,9 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
-        "BENTOML_HOME": str(work / "bentoml"),
+        # a BentoML home per server: BentoML empties its Prometheus multiprocess folder there
+        # when a server starts, which wiped an earlier server's metrics (batch sizes, the log's CPU)
+        "BENTOML_HOME": str(work / f"bentoml-{variant or engine}"),
         "TUNELOOP_HOME": str(work / "home"),
         "TUNELOOP_SERVE_MODEL_DIR": str(model_dir),
         "TUNELOOP_SERVE_ENGINE": engine,
