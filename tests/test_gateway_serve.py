@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, redis_server, service
+from tests.servers import free_port, redis_server, service, services
 from tests.servers import last_json as _last_json
 from tests.test_gateway import PLANTED
 from tests.serving_tiny_model import build_tiny_model
@@ -63,8 +63,8 @@ def stack(tmp_path_factory):
         cmds = [[sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
                  "--port", str(p)] for p in ports]
         logs = [tmp / f"serve-{p}.log" for p in ports]
-        with service(cmds[0], f"http://127.0.0.1:{ports[0]}/readyz", logs[0], env=serve_env, timeout=240, cwd=ROOT), \
-                service(cmds[1], f"http://127.0.0.1:{ports[1]}/readyz", logs[1], env=serve_env, timeout=240, cwd=ROOT):
+        with services(*(dict(cmd=c, ready_url=f"http://127.0.0.1:{p}/readyz", log=log, env=serve_env, timeout=240,
+                             cwd=ROOT) for c, p, log in zip(cmds, ports, logs))):
             urls = [f"http://127.0.0.1:{p}" for p in ports]
             yield {"env": env, "urls": urls, "logs": logs, "trained": trained, "tmp": tmp, "serve_env": serve_env}
 

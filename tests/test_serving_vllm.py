@@ -44,6 +44,9 @@ def vllm_server(tmp_path_factory):
         "TUNELOOP__SERVING__VLLM_PYTHON": str(VLLM_PYTHON),
         "TUNELOOP__SERVING__DTYPE": "float32",  # answers are compared with float32 `generate`
         "TUNELOOP__SERVING__KV_CACHE_GIB": "1",
+        # what is tested is tuneloop in front of vLLM, not vLLM's torch.compile of the model
+        # (most of its start-up on 2 cores)
+        "TUNELOOP__SERVING__VLLM_ARGS": '["--enforce-eager"]',
         **GATEWAY_OFF,
     }
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
