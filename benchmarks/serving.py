@@ -18,7 +18,8 @@ One invocation runs the same seeded workload against, one after the other:
                   sorted by max_tokens, `--concurrency` per batch).
 Every system is started first (each server on a free 127.0.0.1 port, warmed up; idle, each
 uses ~0.003 core), then the workload runs --rounds times (default 3) round-robin over the
-systems, so a slow drift of the shared host hits all of them alike; each system's median
+systems, every other round in reverse order, so a slow drift of the shared host (or going
+first) hits all of them alike; each system's median
 round is reported, and every round's throughput printed. Everything is stopped at the end.
 
 Workload: chat rows of data/sample/train.jsonl (the conversation up to the assistant's
@@ -974,10 +975,13 @@ def main() -> None:
                     measurables += stack.enter_context(started)
                 except (RuntimeError, TimeoutError) as exc:  # one broken system must not hide the others
                     print(f"\n{system}: FAILED, not measured: {exc}", flush=True)
-            # 2. Rounds go round-robin over them: a slow drift of the shared host hits all alike.
+            # 2. Rounds go round-robin over them: a slow drift of the shared host hits all alike;
+            # every other round in reverse order (A B, B A, ...), so going first or last -- right
+            # after another system's burst, say -- favours no system.
             rounds: dict[int, list[dict]] = {i: [] for i in range(len(measurables))}
             for r in range(1, args.rounds + 1):
-                for i, m in enumerate(measurables):
+                order = list(enumerate(measurables))
+                for i, m in (order if r % 2 else order[::-1]):
                     wait_until_quiet(args.wait_quiet)
                     results, duration, extra = m.once()
                     burst = args.concurrency if math.isinf(args.request_rate) else 0
