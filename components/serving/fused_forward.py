@@ -101,6 +101,11 @@ def _packing_works(dtype) -> bool:
         return False
 
 
+
+def _head_dim_reason(head_dim: int) -> str | None:
+    """Why the fused forward cannot serve this head size (keys live in blocks of KEY_BLOCK), or None."""
+    return f"head_dim {head_dim} (fused forward: a multiple of {KEY_BLOCK})" if head_dim % KEY_BLOCK else None
+
 class _Linear:
     """y = x W^T (+ b) with W [out, in] from the model (a view it shares), pre-packed when `pack`."""
 
@@ -244,10 +249,7 @@ class FusedLlama(FusedDecoder):
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         if heads % kv_heads or heads // kv_heads > MAX_GROUP:
             return f"{heads} query heads over {kv_heads} kv heads"
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        if head_dim % KEY_BLOCK:
-            return f"head_dim {head_dim} (fused forward: a multiple of {KEY_BLOCK})"
-        return None
+        return _head_dim_reason(getattr(config, "head_dim", None) or config.hidden_size // heads)
 
     def __init__(self, model, max_len: int):
         super().__init__(model, max_len)
@@ -305,10 +307,7 @@ class FusedGPT2(FusedDecoder):
             return f"activation_function {config.activation_function!r} (fused forward: {', '.join(GELU_TANH)})"
         if getattr(config, "add_cross_attention", False):
             return "cross-attention"
-        head_dim = config.n_embd // config.n_head
-        if head_dim % KEY_BLOCK:
-            return f"head_dim {head_dim} (fused forward: a multiple of {KEY_BLOCK})"
-        return None
+        return _head_dim_reason(config.n_embd // config.n_head)
 
     def __init__(self, model, max_len: int):
         super().__init__(model, max_len)
