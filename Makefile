@@ -42,8 +42,9 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 
 install: $(BIN)/.installed system-packages
 
-# The installs (apt, the venvs) are independent: make runs them side by side.
-PARALLEL_MAKE = $(MAKE) --no-print-directory -j3 --output-sync=line
+# The installs (apt, the venvs) are independent: make runs them side by side (their output
+# interleaved as it comes, so that a long install shows its progress).
+PARALLEL_MAKE = $(MAKE) --no-print-directory -j3
 
 demo:
 	$(PARALLEL_MAKE) install
