@@ -64,6 +64,7 @@ import random
 import resource
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -467,17 +468,17 @@ def print_comparison(summaries: list[dict]) -> None:
     if (logged := by.get(LABELS["slots"])) and (unlogged := by.get(NOLOG_LABEL)):
         # Paired per round (the two ran minutes apart at most), median over rounds, as the verdicts below.
         per_round = [a / b for a, b in zip(logged["rounds_tok_s"], unlogged["rounds_tok_s"]) if b]
-        cost = float(sorted(per_round)[(len(per_round) - 1) // 2])
+        cost = float(statistics.median_low(per_round))
         print(f"\nrequest log: (c2) / (c3) output tok/s, median per round = {cost:.3f} (rounds "
               f"{' / '.join(f'{r:.2f}' for r in per_round)}; cost {1 - cost:+.1%}; target <= 2 %) "
               f"{'MET' if cost >= 0.98 else 'MISSED'}")
         if shares := logged.get("log_cpu_shares"):
             print(f"request log: its own CPU (event loop + writer + redactor) per round "
                   f"{' / '.join(f'{x:.2%}' for x in shares)} of (c2)'s server CPU (median "
-                  f"{sorted(shares)[(len(shares) - 1) // 2]:.2%})")
+                  f"{statistics.median_low(shares):.2%})")
     if (fused := by.get(LABELS["slots"])) and (theirs := by.get(TRANSFORMERS_LABEL)):
         per_round = [a / b for a, b in zip(fused["rounds_tok_s"], theirs["rounds_tok_s"]) if b]
-        gain = float(sorted(per_round)[(len(per_round) - 1) // 2])
+        gain = float(statistics.median_low(per_round))
         print(f"\nforward: (c2) / (c4) output tok/s, median per round = {gain:.2f}x (rounds "
               f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(fused, 'ttft_ms', 'p50')} vs "
               f"{ms(theirs, 'ttft_ms', 'p50')} ms (c2's forward: see its server log)")
@@ -494,7 +495,7 @@ def print_comparison(summaries: list[dict]) -> None:
                 continue
             of_medians = best["output_throughput"] / base["output_throughput"]
             per_round = [b / a for b, a in zip(best.get("rounds_tok_s", []), base.get("rounds_tok_s", [])) if a]
-            paired = float(sorted(per_round)[(len(per_round) - 1) // 2]) if per_round else of_medians
+            paired = float(statistics.median_low(per_round)) if per_round else of_medians
             rounds = " / ".join(f"{r:.{digits}f}" for r in per_round)
             print(f"  vs {name + ':':<16} {paired:5.{digits}f}x  per round {rounds or 'n/a'}; of the medians "
                   f"{of_medians:.{digits}f}  (target >= {target:g}x: {'met' if paired >= target else 'MISSED'})")

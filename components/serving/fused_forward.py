@@ -101,10 +101,10 @@ def _packing_works(dtype) -> bool:
         return False
 
 
-
 def _head_dim_reason(head_dim: int) -> str | None:
     """Why the fused forward cannot serve this head size (keys live in blocks of KEY_BLOCK), or None."""
     return f"head_dim {head_dim} (fused forward: a multiple of {KEY_BLOCK})" if head_dim % KEY_BLOCK else None
+
 
 class _Linear:
     """y = x W^T (+ b) with W [out, in] from the model (a view it shares), pre-packed when `pack`."""
