@@ -103,13 +103,6 @@ class TuneloopLLM:
         from components.serving.setup import resolve_model_dir, served_model
         from components.serving.slots import SlotEngine
 
-        model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
-        if SERVING.engine == "vllm":  # the weights live in vLLM's process; this one needs the tokenizer
-            from components.serving.engine import load_tokenizer
-
-            loaded = load_tokenizer(model_dir)
-        else:
-            loaded = load_model(model_dir, SERVING.num_threads, SERVING.dtype)
         served = served_model(SERVING)
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.
@@ -125,6 +118,15 @@ class TuneloopLLM:
 
         self.request_log = open_request_log(CONFIG, self.gateway.pii, RequestLogMetrics())
         app.state.request_log = self.request_log
+        if self.request_log is not None:  # its redaction process loads Presidio while the model loads
+            self.request_log.start_warm_up()
+        model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
+        if SERVING.engine == "vllm":  # the weights live in vLLM's process; this one needs the tokenizer
+            from components.serving.engine import load_tokenizer
+
+            loaded = load_tokenizer(model_dir)
+        else:
+            loaded = load_model(model_dir, SERVING.num_threads, SERVING.dtype)
         self.server: OpenAIServer | None = None
 
         def on_batch(size: int) -> None:

@@ -118,11 +118,17 @@ class RequestLog:
         return len(self._buffer)
 
     def warm_up(self) -> None:
-        """Start the redactor now (seconds of Presidio set-up), not while the first records wait."""
+        """Start the redactor now (seconds of Presidio set-up), not while the first records wait.
+        Returns once it is up; a call while start_warm_up's thread is at it waits for that."""
         if self.texts == "omit":
             return
         with self._write_lock:
             self._redactor_or_none()
+
+    def start_warm_up(self) -> None:
+        """warm_up in a thread of its own: the server calls this before it loads its model, so
+        that the redaction process loads Presidio while the model loads and compiles."""
+        threading.Thread(target=self.warm_up, name="tuneloop-request-log-warm-up", daemon=True).start()
 
     # ---- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
