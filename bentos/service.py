@@ -47,6 +47,7 @@ import asyncio
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 import bentoml
@@ -107,19 +108,22 @@ class TuneloopLLM:
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.
         self.metrics = ServingMetrics(model=served.id, engine=SERVING.engine)
+        # Every finished /v1 request, redacted, written off the event loop (components/requestlog).
+        # Its redaction process (the default) starts first: it loads Presidio while this process
+        # builds the gateway and loads the model. Redacting in the writer thread instead shares
+        # the gateway's redactor, so that one starts in the warm-up, once the gateway exists.
+        from components.requestlog.writer import RequestLogMetrics, open_request_log
+
+        self.request_log = open_request_log(CONFIG, lambda: self.gateway.pii, RequestLogMetrics())
+        app.state.request_log = self.request_log
+        if self.request_log is not None and CONFIG.request_log.redact_in == "process":
+            self.request_log.start_warm_up()
         # The interface layer (auth, limits, cache, PII, content filter) in front of every /v1
         # route, in this process; set before the server so no /v1 request ever passes without it.
         from components.gateway.pipeline import Gateway, GatewayMetrics
 
         self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
         app.state.gateway = self.gateway
-        # Every finished /v1 request, redacted, written off the event loop (components/requestlog).
-        from components.requestlog.writer import RequestLogMetrics, open_request_log
-
-        self.request_log = open_request_log(CONFIG, self.gateway.pii, RequestLogMetrics())
-        app.state.request_log = self.request_log
-        if self.request_log is not None:  # its redaction process loads Presidio while the model loads
-            self.request_log.start_warm_up()
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
         if SERVING.engine == "vllm":  # the weights live in vLLM's process; this one needs the tokenizer
             from components.serving.engine import load_tokenizer
@@ -192,11 +196,15 @@ class TuneloopLLM:
                 log.info("forward: %s; torch.compile: %s", self.engine.forward_name,
                          f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
                          if self.engine.compiled else "off")
+            waited = time.perf_counter()
             await self.gateway.warm_up()
+            gateway_s, waited = time.perf_counter() - waited, time.perf_counter()
             if self.request_log is not None:
                 await asyncio.to_thread(self.request_log.warm_up)
+            log_s = time.perf_counter() - waited
             seconds = await warm_up(self.server, SERVING.warmup_requests)
-            log.info("warm-up done in %.1f s: ready", seconds)
+            log.info("warm-up done in %.1f s (before it: gateway %.1f s, waiting for the request log's redactor "
+                     "%.1f s): ready", seconds, gateway_s, log_s)
             self._monitoring_task = asyncio.get_running_loop().create_task(self._export_monitoring())
             self._follow_champion()
         except Exception:

@@ -312,7 +312,8 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
 
     Texts the gateway did not redact are redacted with gateway.pii's settings: in a child
     process (request_log.redact_in: process, the default) or in the writer thread (thread:
-    with the gateway's PiiRedactor `pii` when there is one)."""
+    with the gateway's PiiRedactor `pii` when there is one; `pii` may be a function returning
+    it, called when the redactor starts)."""
     from components.requestlog.store import SegmentSink, open_sink
 
     rl = cfg.request_log
@@ -331,8 +332,9 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
             from components.requestlog.redactor_process import ProcessRedactor
 
             return ProcessRedactor(settings.model_dump(mode="json"), str(cfg.home / "gateway"), cfg.gateway.key_prefix)
-        if pii is not None:
-            return InProcessRedactor(pii)
+        shared = pii() if callable(pii) else pii
+        if shared is not None:
+            return InProcessRedactor(shared)
         from components.gateway.pii import PiiRedactor
 
         return InProcessRedactor(PiiRedactor(settings, cfg.home / "gateway", key_prefix=cfg.gateway.key_prefix))
