@@ -40,12 +40,20 @@ CALM_REQUESTS = 60  # of each kind, by default
 
 
 @dataclass
+def create(client, model: str, prompt, **params):
+    """A chat completion for messages, a (legacy) completion for a raw prompt string: traffic
+    the way the champion was trained (legacy prompt/completion rows are raw text)."""
+    if isinstance(prompt, str):
+        return client.completions.create(model=model, prompt=prompt, **params)
+    return client.chat.completions.create(model=model, messages=prompt, **params)
+
+
 class Streamer:
-    """A client that streams chat completions until stopped, counting what it saw."""
+    """A client that streams completions until stopped, counting what it saw."""
 
     client: object
     model: str
-    prompts: list[list[dict]]
+    prompts: list  # each a chat request's messages or a completions request's raw prompt
     served: list[str] = field(default_factory=list)  # the `model` of each finished stream
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -60,8 +68,7 @@ class Streamer:
         rng = random.Random(7)
         while not self._stop.is_set():
             try:
-                chunks = list(self.client.chat.completions.create(
-                    model=self.model, messages=rng.choice(self.prompts), max_tokens=8, stream=True))
+                chunks = list(create(self.client, self.model, rng.choice(self.prompts), max_tokens=8, stream=True))
                 self.served.append(chunks[0].model)
             except Exception as exc:  # noqa: BLE001 - counted and reported, never hidden
                 self.failures.append(repr(exc)[:300])
@@ -73,11 +80,12 @@ class Streamer:
             self._thread.join(60)
 
 
-def request_messages(example) -> list[dict]:
-    """The messages a client would send for a training example (its prompt side)."""
+def request_prompt(example):
+    """What a client would send for a training example (its prompt side): the messages of a
+    conversation, the raw prompt of a legacy row."""
     if example.messages:
         return [dict(m) for m in example.messages[:-1]]
-    return [{"role": "user", "content": example.prompt or ""}]
+    return example.prompt or ""
 
 
 def start_server(cfg, port: int, log_path: Path) -> subprocess.Popen:
@@ -106,10 +114,10 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float 
     raise TimeoutError(f"{url}/readyz not ready after {timeout:.0f} s; log {log_path}")
 
 
-def send(client, model: str, prompts: list[list[dict]], workers: int = 4) -> list[str]:
-    """One chat completion per prompt (a few at a time); returns each request's x-request-id."""
-    def one(messages):
-        raw = client.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=8)
+def send(client, model: str, prompts: list, workers: int = 4) -> list[str]:
+    """One completion per prompt (a few at a time); returns each request's x-request-id."""
+    def one(prompt):
+        raw = create(client.with_raw_response, model, prompt, max_tokens=8)
         raw.parse()
         return raw.headers.get("x-request-id", "")
 
@@ -165,7 +173,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
         say(f"serving {first} on {url}/v1 (log {log_path})")
 
         prepared = prepare_dataset(cfg)
-        calm = [request_messages(e) for e in prepared.train]
+        calm = [request_prompt(e) for e in prepared.train]
         streamer = Streamer(client, name, calm).start()  # streams through everything below
 
         rule("5b. traffic like the training data -> monitoring")
@@ -178,7 +186,8 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
 
         rule("5c. shifted traffic + feedback -> monitoring")
         since = datetime.now(timezone.utc).isoformat()
-        shifted = [[{"role": "user", "content": t}] for t in shifted_prompts(requests)]
+        legacy = all(isinstance(p, str) for p in calm)  # shifted traffic the same way
+        shifted = [t if legacy else [{"role": "user", "content": t}] for t in shifted_prompts(requests)]
         ids = send(client, name, shifted)
         client.post("/feedback", cast_to=object, body={
             "request_id": ids[0], "rating": -1, "correction": "Pack light layers and book the museum early.",

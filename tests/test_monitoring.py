@@ -103,6 +103,41 @@ def write_log(home: Path, prompts: list[str], start: datetime, key_id: str = "k1
     return records
 
 
+def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
+    """A legacy prompt/completion base set (e.g. T0) with corrections to a chat request and to
+    a completions request: the completions one joins it, the chat one is counted out with the
+    reason, and the set prepares (mixing the kinds is refused by prepare_dataset; make
+    demo-smollm2's retrain once stopped on that)."""
+    from components.config import TuneloopConfig
+    from components.data.dataset import prepare_dataset
+    from components.monitoring.run import retrain_dataset
+    from components.requestlog.store import SegmentSink
+
+    base = tmp_path / "legacy.jsonl"
+    base.write_text("".join(json.dumps({"prompt": f"Review {i}: fine. Positive or negative?",
+                                        "completion": " Positive"}) + "\n" for i in range(30)))
+    cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path / "home")},
+                                         "data": {"train_path": str(base)}})
+    chat = write_log(cfg.home, ["Plan a weekend in Rome."], datetime.now(timezone.utc))[0]
+    sink = SegmentSink(cfg.home / "requests", 1 << 20, 3600)
+    raw = {**chat, "request_id": "req_legacy", "response_id": "cmpl-1", "route": "/v1/completions",
+           "prompt": "Review 99: broke in a day. Positive or negative?"}
+    sink.write("requests", [raw])
+    sink.write("feedback", [{"kind": "feedback", "feedback_id": f"fb_{i}", "time": r["time"], "request_id": r["request_id"],
+                             "key_id": "k1", "rating": -1, "correction": text, "comment": None}
+                            for i, (r, text) in enumerate([(chat, "Book the museum early."), (raw, " Negative")])])
+    sink.close()
+
+    out = retrain_dataset(cfg, tmp_path / "retrain", since=None)
+    assert out["feedback_rows"] == 1 and out["feedback_ids"] == ["fb_1"]
+    rows = [json.loads(line) for line in (Path(out["path"]) / "1-feedback.jsonl").read_text().splitlines()]
+    assert rows == [{"prompt": raw["prompt"], "completion": " Negative"}]
+    lineage = json.loads((tmp_path / "retrain" / "lineage.json").read_text())
+    assert lineage["rejected"] == {"a chat request, and the training set is legacy prompt/completion rows": 1}
+    prepared = prepare_dataset(cfg, train_path=Path(out["path"]))
+    assert len(prepared.train) + len(prepared.eval) == 31
+
+
 @needs_shift
 def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tmp_path):
     from components.config import TuneloopConfig

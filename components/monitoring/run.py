@@ -46,17 +46,22 @@ def retrain_dataset(cfg, folder: Path, since: datetime | None) -> dict:
     their lineage in folder/lineage.json."""
     import shutil
 
+    from components.data.formats import load_file
     from components.requestlog.feedback import export_feedback_dataset
 
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
     base = cfg.resolve(cfg.data.train_path)
-    copied = []
+    copied, kinds = [], set()
     for f in ([base] if base.is_file() else sorted(p for p in base.iterdir() if p.is_file())):
         shutil.copyfile(f, data / f"0-base-{f.name}")
         copied.append(str(f))
+        kinds.add("legacy" if load_file(f, cfg.data.format).format == "legacy" else "chat")
+    # Feedback rows join the base set only in its kind (raw prompt/completion or conversations);
+    # the others are counted in the lineage's `rejected`, with the reason.
+    kind = kinds.pop() if len(kinds) == 1 else None
     feedback = data / "1-feedback.jsonl"
-    lineage = export_feedback_dataset(cfg, feedback, since, lineage_path=folder / "lineage.json")
+    lineage = export_feedback_dataset(cfg, feedback, since, lineage_path=folder / "lineage.json", kind=kind)
     if not lineage["rows"]:
         feedback.unlink()
     out = {"path": str(data), "base": copied, "feedback_rows": lineage["rows"],

@@ -17,8 +17,17 @@ from collections import Counter
 from pathlib import Path
 
 
-def feedback_examples(requests: list[dict], feedback: list[dict]) -> tuple[list[dict], dict]:
-    """(rows, lineage {feedback_ids, request_ids, rejected: {reason: n}})."""
+# A training set is either legacy prompt/completion rows (raw text) or conversations: rows of
+# the other kind cannot join it (components/data/dataset.py refuses the mix).
+_OTHER_KIND = {"legacy": "a chat request, and the training set is legacy prompt/completion rows",
+               "chat": "a completions request, and the training set is conversations"}
+
+
+def feedback_examples(requests: list[dict], feedback: list[dict],
+                      kind: str | None = None) -> tuple[list[dict], dict]:
+    """(rows, lineage {feedback_ids, request_ids, rejected: {reason: n}}). kind "legacy" or
+    "chat": only rows of that kind (the training set they are to join); the others are
+    counted as rejected, with the reason."""
     by_id: dict[str, dict] = {}
     for r in requests:
         by_id[r["request_id"]] = r
@@ -51,26 +60,32 @@ def feedback_examples(requests: list[dict], feedback: list[dict]) -> tuple[list[
         req, fb = item["request"], item["feedback"]
         prompt = req["prompt"]
         if req["route"] == "/v1/chat/completions":
-            rows.append({"messages": [*prompt, {"role": "assistant", "content": fb["correction"]}]})
+            row = {"messages": [*prompt, {"role": "assistant", "content": fb["correction"]}]}
         elif isinstance(prompt, str):
-            rows.append({"prompt": prompt, "completion": fb["correction"]})
+            row = {"prompt": prompt, "completion": fb["correction"]}
         else:
             rejected["a multi-prompt completion request"] += 1
             continue
+        if kind is not None and ("prompt" in row) != (kind == "legacy"):
+            rejected[_OTHER_KIND[kind]] += 1
+            continue
+        rows.append(row)
         feedback_ids.append(fb["feedback_id"])
     lineage = {"feedback_ids": feedback_ids, "request_ids": [i for i in latest], "rows": len(rows),
                "rejected": dict(rejected)}
     return rows, lineage
 
 
-def export_feedback_dataset(cfg, output: Path, since=None, lineage_path: Path | None = None) -> dict:
+def export_feedback_dataset(cfg, output: Path, since=None, lineage_path: Path | None = None,
+                            kind: str | None = None) -> dict:
     """Write the candidate rows of feedback given since `since` to output (JSONL) and its
-    lineage to lineage_path (default <output>.lineage.json); returns the lineage."""
+    lineage to lineage_path (default <output>.lineage.json); returns the lineage. kind: as
+    feedback_examples (None: rows of both kinds)."""
     from components.requestlog.store import read_records
 
     requests = read_records(cfg.request_log.url, cfg.home, "requests")
     fb = read_records(cfg.request_log.url, cfg.home, "feedback", since)
-    rows, lineage = feedback_examples(requests, fb)
+    rows, lineage = feedback_examples(requests, fb, kind)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
