@@ -39,7 +39,6 @@ from components.ports import free_port, stop_process_group
 CALM_REQUESTS = 60  # of each kind, by default
 
 
-@dataclass
 def create(client, model: str, prompt, **params):
     """A chat completion for messages, a (legacy) completion for a raw prompt string: traffic
     the way the champion was trained (legacy prompt/completion rows are raw text)."""
@@ -48,6 +47,7 @@ def create(client, model: str, prompt, **params):
     return client.chat.completions.create(model=model, messages=prompt, **params)
 
 
+@dataclass
 class Streamer:
     """A client that streams completions until stopped, counting what it saw."""
 
