@@ -107,7 +107,7 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
     """A legacy prompt/completion base set (e.g. T0) with corrections to a chat request and to
     a completions request: the completions one joins it, the chat one is counted out with the
     reason, and the set prepares (mixing the kinds is refused by prepare_dataset; make
-    demo-smollm2's retrain once stopped on that)."""
+    demo-smollm2's retrain once stopped on that, then on two identical corrections)."""
     from components.config import TuneloopConfig
     from components.data.dataset import prepare_dataset
     from components.monitoring.run import retrain_dataset
@@ -122,10 +122,12 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
     sink = SegmentSink(cfg.home / "requests", 1 << 20, 3600)
     raw = {**chat, "request_id": "req_legacy", "response_id": "cmpl-1", "route": "/v1/completions",
            "prompt": "Review 99: broke in a day. Positive or negative?"}
-    sink.write("requests", [raw])
+    again = {**raw, "request_id": "req_legacy_2", "response_id": "cmpl-2"}  # the same prompt, asked twice
+    sink.write("requests", [raw, again])
     sink.write("feedback", [{"kind": "feedback", "feedback_id": f"fb_{i}", "time": r["time"], "request_id": r["request_id"],
                              "key_id": "k1", "rating": -1, "correction": text, "comment": None}
-                            for i, (r, text) in enumerate([(chat, "Book the museum early."), (raw, " Negative")])])
+                            for i, (r, text) in enumerate([(chat, "Book the museum early."), (raw, " Negative"),
+                                                           (again, " Negative")])])
     sink.close()
 
     out = retrain_dataset(cfg, tmp_path / "retrain", since=None)
@@ -133,7 +135,8 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
     rows = [json.loads(line) for line in (Path(out["path"]) / "1-feedback.jsonl").read_text().splitlines()]
     assert rows == [{"prompt": raw["prompt"], "completion": " Negative"}]
     lineage = json.loads((tmp_path / "retrain" / "lineage.json").read_text())
-    assert lineage["rejected"] == {"a chat request, and the training set is legacy prompt/completion rows": 1}
+    assert lineage["rejected"] == {"a chat request, and the training set is legacy prompt/completion rows": 1,
+                                   "the same row as another correction": 1}  # the gate refuses duplicates
     prepared = prepare_dataset(cfg, train_path=Path(out["path"]))
     assert len(prepared.train) + len(prepared.eval) == 31
 

@@ -55,7 +55,7 @@ def feedback_examples(requests: list[dict], feedback: list[dict],
         if req["request_id"] in latest:
             rejected["superseded by a later correction"] += 1
         latest[req["request_id"]] = {"feedback": fb, "request": req}
-    rows, feedback_ids = [], []
+    rows, feedback_ids, seen = [], [], set()
     for item in latest.values():
         req, fb = item["request"], item["feedback"]
         prompt = req["prompt"]
@@ -69,6 +69,13 @@ def feedback_examples(requests: list[dict], feedback: list[dict],
         if kind is not None and ("prompt" in row) != (kind == "legacy"):
             rejected[_OTHER_KIND[kind]] += 1
             continue
+        # The same correction to the same prompt on two requests is one example (the gate
+        # refuses duplicate rows); the other is counted out.
+        same = json.dumps(row, sort_keys=True, ensure_ascii=False)
+        if same in seen:
+            rejected["the same row as another correction"] += 1
+            continue
+        seen.add(same)
         rows.append(row)
         feedback_ids.append(fb["feedback_id"])
     lineage = {"feedback_ids": feedback_ids, "request_ids": [i for i in latest], "rows": len(rows),
