@@ -196,15 +196,15 @@ class TuneloopLLM:
                 log.info("forward: %s; torch.compile: %s", self.engine.forward_name,
                          f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
                          if self.engine.compiled else "off")
-            waited = time.perf_counter()
+            t0 = time.perf_counter()
             await self.gateway.warm_up()
-            gateway_s, waited = time.perf_counter() - waited, time.perf_counter()
+            t1 = time.perf_counter()
             if self.request_log is not None:
                 await asyncio.to_thread(self.request_log.warm_up)
-            log_s = time.perf_counter() - waited
+            t2 = time.perf_counter()
             seconds = await warm_up(self.server, SERVING.warmup_requests)
             log.info("warm-up done in %.1f s (before it: gateway %.1f s, waiting for the request log's redactor "
-                     "%.1f s): ready", seconds, gateway_s, log_s)
+                     "%.1f s): ready", seconds, t1 - t0, t2 - t1)
             self._monitoring_task = asyncio.get_running_loop().create_task(self._export_monitoring())
             self._follow_champion()
         except Exception:
