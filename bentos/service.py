@@ -140,6 +140,10 @@ class TuneloopLLM:
         self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots":
             self.engine = SlotEngine.from_config(loaded, SERVING, on_batch)
+            if SERVING.cpu_turns and loaded.model.device.type == "cpu":
+                from components.cpu_turns import CPU_TURNS
+
+                CPU_TURNS.enable(self.metrics.observe_turn)
         elif SERVING.engine == "vllm":
             from components.serving.vllm_engine import VLLMEngine, vllm_dtype
 

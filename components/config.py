@@ -572,6 +572,9 @@ class ServingConfig(Section):
     max_tokens_limit: int | None = Field(None, ge=1)
     warmup_requests: int = Field(12, ge=0)
     num_threads: int | None = Field(None, ge=1)  # torch intra-op threads; None: torch's default
+    # slots engine on a CPU: its steps and the content filter's encoder batches take turns on
+    # the cores instead of running side by side (components/cpu_turns.py says why).
+    cpu_turns: bool = True
     # CPU weights and KV cache: float32, bfloat16, or auto (bfloat16 where the CPU has
     # AVX-512 BF16 / AMX and a measured forward is faster, else float32). GPUs: bf16/fp16.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -102,6 +102,23 @@ def test_threshold_keeps_out_of_fold_fpr_at_target():
         assert fm._threshold_for_fpr(neg, target, "edge") <= t
 
 
+def test_threshold_with_confidence_leaves_a_margin_under_the_target():
+    """With fpr_confidence the threshold allows only as many false positives as keep the FPR's
+    upper confidence bound within the target: fewer than the point estimate, none for tiny n."""
+    assert fm.allowed_false_positives(274, 0.05) == 13  # floor(0.05 * 274)
+    strict = fm.allowed_false_positives(274, 0.05, 0.8)
+    assert 0 < strict < 13
+    from scipy.stats import beta
+
+    assert beta.ppf(0.8, strict + 1, 274 - strict) <= 0.05 < beta.ppf(0.8, strict + 2, 274 - strict - 1)
+    assert fm.allowed_false_positives(10, 0.05, 0.8) == 0
+    neg = np.random.default_rng(1).random(274)
+    assert (neg >= fm._threshold_for_fpr(neg, 0.05, confidence=0.8)).sum() == strict
+    with pytest.raises(ValueError, match="fpr_confidence"):
+        fm.train_classifier(pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10}), TARGET_FPR,
+                            0, {"fpr_confidence": 1.5})
+
+
 def test_unknown_method_or_param_is_refused():
     df = pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10})
     with pytest.raises(ValueError, match="unknown method"):
@@ -205,14 +222,14 @@ def test_evaluate_counts_are_consistent(trained, split):
 @needs_data
 @pytest.mark.slow
 def test_default_method_beats_the_baseline_on_the_held_out_split(trained, baseline, split):
-    """Floors, not the 85%-recall-at-5%-FPR target: on this 109-row split (68 benign) one
-    false positive is 1.5 points of FPR, and across seeds the default method's FPR ranges
-    about 0-9% (mean under 5%); see the module docstring for the repeated-split numbers."""
+    """On this 109-row split (68 benign) one false positive is 1.5 points of FPR; across seeds
+    0-9 the default method met the target on 8 of 10 splits (module docstring)."""
     clf, _ = trained
     _, test = split
     ours, base = fm.evaluate_classifier(clf, test), fm.evaluate_classifier(baseline, test)
     assert ours["roc_auc"] >= 0.97
-    assert ours["recall"] >= 0.85 and ours["fpr"] <= 0.10
+    # The issue's target on the flow's split (seed 42: 0.878 at 0.029 measured).
+    assert ours["recall"] >= 0.85 and ours["fpr"] <= 0.05
     assert ours["roc_auc"] >= base["roc_auc"] + 0.02
     assert ours["recall"] >= base["recall"] + 0.05
 
@@ -233,3 +250,46 @@ def test_finetune_method_saves_its_encoder(split, tmp_path):
     loaded = fm.InjectionClassifier.load(folder)
     texts = INJECTIONS + BENIGN
     np.testing.assert_allclose(loaded.scores(texts), clf.scores(texts), rtol=0, atol=1e-6)
+
+
+@needs_data
+@pytest.mark.slow
+def test_the_screen_spares_the_encoder_for_what_it_clears(trained, split):
+    """The cascade: texts the TF-IDF screen scores under its cut keep that score and skip the
+    encoder; obvious injections and every held-out injection go on to the encoder."""
+    clf, _ = trained
+    train, test = split
+    cut = clf.info["screen_cut"]
+    assert cut is not None and 0 < cut < clf.threshold
+    assert 0.2 < clf.info["oof_screened_out"] < 0.8
+    head = clf._head
+    injections = test[test.label == 1].text.tolist()
+    assert (head.screen(head.sparse(injections)) >= cut).all()  # none of them would skip the encoder
+    benign = test[test.label == 0].text.tolist()
+    first = head.screen(head.sparse(benign))
+    cleared = first < cut
+    assert cleared.sum() >= 10
+    before = (clf.screened_out, clf.encoded)
+    scores = clf.scores(benign + INJECTIONS)
+    assert clf.screened_out - before[0] == int(cleared.sum())
+    assert clf.encoded - before[1] == len(benign) - int(cleared.sum()) + len(INJECTIONS)
+    np.testing.assert_array_equal(scores[:len(benign)][cleared], first[cleared])
+    assert (scores[len(benign):] >= clf.threshold).all()
+
+
+@needs_data
+@pytest.mark.slow
+def test_a_classifier_saved_before_the_cascade_scores_as_it_was_trained(trained, tmp_path):
+    """A folder whose config has no whole_embedding / screen_cut (saved by an earlier version)
+    scores every text with the whole text's embedding and no screen, as it was trained."""
+    clf, _ = trained
+    folder = clf.save(tmp_path / "old")
+    meta = json.loads((folder / "classifier.json").read_text())
+    del meta["config"]["whole_embedding"], meta["config"]["screen_cut"]
+    (folder / "classifier.json").write_text(json.dumps(meta))
+    old = fm.InjectionClassifier.load(folder)
+    texts = INJECTIONS + BENIGN
+    cfg = {**meta["config"], "whole_embedding": True}
+    expected = clf._head.predict(texts, fm._dense_features(clf._model(), texts, cfg))
+    np.testing.assert_allclose(old.scores(texts), expected, rtol=0, atol=1e-9)
+    assert old.screened_out == 0 and old.encoded == len(texts)

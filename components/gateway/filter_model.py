@@ -55,6 +55,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from components.cpu_turns import CPU_TURNS
 from components.embeddings import (  # noqa: F401 - encoder_path is part of this module's API
     ENCODER_NAME,
     ENCODER_PACKAGE,
@@ -75,13 +76,27 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "class_weight": "balanced",
     "oof_folds": 5,  # folds for the out-of-fold threshold (finetune: "finetune_oof_folds")
     "threshold_rule": "midpoint",  # midpoint | edge: where between two negatives' scores to cut
+    # The threshold keeps the out-of-fold FPR's one-sided Clopper-Pearson upper bound at this
+    # confidence within target_fpr (None: the point estimate, which an unseen split then
+    # exceeds about half the time).
+    "fpr_confidence": 0.8,
     # hybrid / finetune features
     "char_ngram": [2, 5],
     "char_min_df": 2,
     "word_ngram": [1, 2],
     "embedding_weight": 1.0,
     "segments": True,  # max over segment embeddings + last segment embedding
+    # The whole text's own embedding as the first block (True), or the mean of its segments'
+    # (False: one encoder pass over the segments only, about half the tokens of a
+    # multi-sentence text, and as accurate on the set). Saved classifiers without the key: True.
+    "whole_embedding": False,
     "max_segments": 64,  # per text: the first and last half of them when there are more
+    # The cascade (hybrid, finetune): a logistic regression on the TF-IDF blocks alone scores
+    # every text first; a text it scores below screen_margin x the lowest out-of-fold score of
+    # any training injection keeps that score and skips the encoder (half the benign training
+    # texts; the encoder pass is most of the filter's cost on a CPU).
+    "screen": True,
+    "screen_margin": 0.8,
     # encoder
     "batch_size": 32,  # encoding batch (also used when scoring)
     "device": "cpu",
@@ -210,14 +225,17 @@ def _segments(text: str, max_segments: int) -> list[str]:
 
 
 def _dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
-    """Encoder features per text: [whole text] (+ [max over segments, last segment])."""
+    """Encoder features per text: [whole text, or the mean of its segments] (+ [max over
+    segments, last segment])."""
     texts = list(texts)
     if not cfg.get("segments", True):
         return embed(model, texts, int(cfg["batch_size"]))
+    whole = bool(cfg.get("whole_embedding", True))
     segs = [_segments(t, int(cfg["max_segments"])) for t in texts]
     unique: dict[str, int] = {}
-    for t in texts:
-        unique.setdefault(t, len(unique))
+    if whole:
+        for t in texts:
+            unique.setdefault(t, len(unique))
     for ss in segs:
         for s in ss:
             unique.setdefault(s, len(unique))
@@ -226,7 +244,11 @@ def _dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
     out = np.zeros((len(texts), 3 * dim), dtype=np.float32)
     for i, (t, ss) in enumerate(zip(texts, segs)):
         seg = emb[[unique[s] for s in ss]]
-        out[i, :dim] = emb[unique[t]]
+        if whole:
+            out[i, :dim] = emb[unique[t]]
+        else:
+            mean = seg.mean(axis=0)
+            out[i, :dim] = mean / max(float(np.linalg.norm(mean)), 1e-12)
         out[i, dim:2 * dim] = seg.max(axis=0)
         out[i, 2 * dim:] = seg[-1]
     return out
@@ -237,58 +259,101 @@ def _dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
 
 
 class _Head:
-    """Sparse TF-IDF blocks (optional) + dense encoder features -> logistic regression."""
+    """Sparse TF-IDF blocks (optional) + dense encoder features -> logistic regression; with
+    `screen`, a second logistic regression on the TF-IDF blocks alone: the cascade's first
+    stage, which needs no encoder pass."""
 
     def __init__(self, cfg: dict, use_tfidf: bool):
         self.cfg = {k: cfg[k] for k in ("C", "class_weight", "char_ngram", "char_min_df", "word_ngram",
                                         "embedding_weight")}
         self.use_tfidf = use_tfidf
         self.char = self.word = self.lr = None
+        self.screen_lr = None
 
-    def _matrix(self, texts, dense, fit: bool):
+    def sparse(self, texts, fit: bool = False):
+        """The TF-IDF blocks of these texts (None without TF-IDF)."""
         import scipy.sparse as sp
 
-        blocks = []
-        if self.use_tfidf:
-            if fit:
-                from sklearn.feature_extraction.text import TfidfVectorizer
+        if not self.use_tfidf:
+            return None
+        if fit:
+            from sklearn.feature_extraction.text import TfidfVectorizer
 
-                lo, hi = self.cfg["char_ngram"]
-                wlo, whi = self.cfg["word_ngram"]
-                self.char = TfidfVectorizer(analyzer="char_wb", ngram_range=(int(lo), int(hi)),
-                                            min_df=int(self.cfg["char_min_df"]), sublinear_tf=True,
-                                            dtype=np.float32)
-                self.word = TfidfVectorizer(analyzer="word", ngram_range=(int(wlo), int(whi)), sublinear_tf=True,
-                                            dtype=np.float32)
-                blocks += [self.char.fit_transform(texts), self.word.fit_transform(texts)]
-            else:
-                blocks += [self.char.transform(texts), self.word.transform(texts)]
-            blocks.append(sp.csr_matrix(dense * float(self.cfg["embedding_weight"])))
-            return sp.hstack(blocks, format="csr")
-        return dense
+            lo, hi = self.cfg["char_ngram"]
+            wlo, whi = self.cfg["word_ngram"]
+            self.char = TfidfVectorizer(analyzer="char_wb", ngram_range=(int(lo), int(hi)),
+                                        min_df=int(self.cfg["char_min_df"]), sublinear_tf=True, dtype=np.float32)
+            self.word = TfidfVectorizer(analyzer="word", ngram_range=(int(wlo), int(whi)), sublinear_tf=True,
+                                        dtype=np.float32)
+            return sp.hstack([self.char.fit_transform(texts), self.word.fit_transform(texts)], format="csr")
+        return sp.hstack([self.char.transform(texts), self.word.transform(texts)], format="csr")
 
-    def fit(self, texts, dense, labels, seed: int) -> "_Head":
+    def _matrix(self, sparse, dense):
+        import scipy.sparse as sp
+
+        if sparse is None:
+            return dense
+        return sp.hstack([sparse, sp.csr_matrix(dense * float(self.cfg["embedding_weight"]))], format="csr")
+
+    def _lr(self, seed: int):
         from sklearn.linear_model import LogisticRegression
 
-        X = self._matrix(list(texts), dense, fit=True)
         cw = self.cfg["class_weight"]
-        self.lr = LogisticRegression(C=float(self.cfg["C"]), class_weight=cw if cw else None, max_iter=5000,
-                                     random_state=int(seed))
-        self.lr.fit(X, np.asarray(labels, dtype=int))
+        return LogisticRegression(C=float(self.cfg["C"]), class_weight=cw if cw else None, max_iter=5000,
+                                  random_state=int(seed))
+
+    def fit(self, texts, dense, labels, seed: int, screen: bool = False) -> "_Head":
+        labels = np.asarray(labels, dtype=int)
+        sparse = self.sparse(list(texts), fit=True)
+        self.lr = self._lr(seed).fit(self._matrix(sparse, dense), labels)
+        if screen and sparse is not None:
+            self.screen_lr = self._lr(seed).fit(sparse, labels)
         return self
 
-    def predict(self, texts, dense) -> np.ndarray:
-        X = self._matrix(list(texts), dense, fit=False)
-        return self.lr.predict_proba(X)[:, 1].astype(np.float64)
+    def predict(self, texts, dense, sparse=None) -> np.ndarray:
+        if sparse is None:
+            sparse = self.sparse(list(texts))
+        return self.lr.predict_proba(self._matrix(sparse, dense))[:, 1].astype(np.float64)
+
+    def screen(self, sparse) -> np.ndarray | None:
+        """The first stage's P(injection) from the TF-IDF blocks, or None without a screen."""
+        lr = getattr(self, "screen_lr", None)  # heads saved before the cascade have none
+        if lr is None or sparse is None:
+            return None
+        return lr.predict_proba(sparse)[:, 1].astype(np.float64)
 
 
-def _threshold_for_fpr(negative_scores: np.ndarray, target_fpr: float, rule: str = "midpoint") -> float:
-    """The threshold (flag when score >= threshold) under which at most floor(target_fpr * n)
-    of these negatives are flagged; midpoint: halfway to the next higher negative score."""
+def screen_cut(screen_scores: np.ndarray, labels: np.ndarray, margin: float) -> float:
+    """The screen's cut: a text scored below it skips the encoder and keeps the screen's score.
+    `margin` times the lowest out-of-fold screen score of any injection, so that no training
+    injection would have skipped the encoder, with room to spare."""
+    positives = np.asarray(screen_scores)[np.asarray(labels) == 1]
+    return float(positives.min() * margin) if len(positives) else 0.0
+
+
+def allowed_false_positives(n: int, target_fpr: float, confidence: float | None = None) -> int:
+    """How many of n negatives a threshold may flag: floor(target_fpr * n) (confidence None),
+    else the most whose one-sided Clopper-Pearson upper bound of the FPR at `confidence` is
+    still <= target_fpr (0 when even none is not: too few negatives to show it)."""
+    if confidence is None:
+        return int(math.floor(float(target_fpr) * n + 1e-9))
+    from scipy.stats import beta
+
+    k = 0
+    while k + 1 < n and beta.ppf(float(confidence), k + 2, n - k - 1) <= target_fpr:
+        k += 1
+    return k
+
+
+def _threshold_for_fpr(negative_scores: np.ndarray, target_fpr: float, rule: str = "midpoint",
+                       confidence: float | None = None) -> float:
+    """The threshold (flag when score >= threshold) under which at most
+    allowed_false_positives(n, target_fpr, confidence) of these negatives are flagged;
+    midpoint: halfway to the next higher negative score."""
     neg = np.sort(np.asarray(negative_scores, dtype=np.float64))[::-1]
     if len(neg) == 0:
         raise ValueError("no negative scores to choose a threshold on")
-    allowed = int(math.floor(float(target_fpr) * len(neg) + 1e-9))
+    allowed = allowed_false_positives(len(neg), target_fpr, confidence)
     if allowed >= len(neg):
         return float(np.nextafter(neg[-1], -np.inf)) if neg[-1] > 0 else 0.0
     cut = neg[allowed]  # the highest negative that must stay unflagged
@@ -315,6 +380,8 @@ class InjectionClassifier:
         self._config = dict(config)
         self._encoder_ref = dict(encoder_ref)
         self._encoder = encoder  # loaded on first use when None
+        self.screened_out = 0  # texts the screen cleared without an encoder pass (scores() so far)
+        self.encoded = 0  # texts that went through the encoder
 
     # -- scoring ----------------------------------------------------------------------
     def _model(self):
@@ -337,10 +404,26 @@ class InjectionClassifier:
         if not texts:
             return np.zeros(0, dtype=np.float64)
         model = self._model()
+        cut = self._config.get("screen_cut")
         out = []
         for i in range(0, len(texts), _SCORE_CHUNK):
             chunk = texts[i:i + _SCORE_CHUNK]
-            out.append(self._head.predict(chunk, _dense_features(model, chunk, self._config)))
+            sparse = self._head.sparse(chunk)
+            first = self._head.screen(sparse) if cut is not None else None
+            if first is None:
+                need = np.ones(len(chunk), dtype=bool)
+                scores = np.zeros(len(chunk), dtype=np.float64)
+            else:  # the cascade: only what the screen cannot clear goes through the encoder
+                need, scores = first >= cut, first
+            self.screened_out += int(len(chunk) - need.sum())
+            self.encoded += int(need.sum())
+            if need.any():
+                idx = np.flatnonzero(need)
+                rows = [chunk[j] for j in idx]
+                with CPU_TURNS.turn("filter"):  # the encoder; the sparse algebra runs beside the engine
+                    dense = _dense_features(model, rows, self._config)
+                scores[idx] = self._head.predict(rows, dense, None if sparse is None else sparse[idx])
+            out.append(scores)
         return np.concatenate(out)
 
     def flags(self, texts: Iterable[str]) -> list[bool]:
@@ -449,6 +532,11 @@ def _resolve_params(params: dict | None) -> dict:
         raise ValueError(f"unknown method {cfg['method']!r}; one of {list(METHODS)}")
     if cfg["threshold_rule"] not in ("midpoint", "edge"):
         raise ValueError(f"threshold_rule must be midpoint or edge, got {cfg['threshold_rule']!r}")
+    if not 0 < float(cfg["screen_margin"]) <= 1:
+        raise ValueError(f"screen_margin must be in (0, 1], got {cfg['screen_margin']!r}")
+    conf = cfg["fpr_confidence"]
+    if conf is not None and not (isinstance(conf, (int, float)) and 0 < float(conf) < 1):
+        raise ValueError(f"fpr_confidence must be in (0, 1) or null, got {conf!r}")
     return cfg
 
 
@@ -506,7 +594,8 @@ def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     if method == "finetune":
         encoder = _finetune_encoder(texts, labels, cfg, seed, progress, label)
         dense = _dense_features(encoder, list(texts), cfg)
-    head = _Head(cfg, use_tfidf=method != "baseline").fit(list(texts), dense, labels, seed)
+    head = _Head(cfg, use_tfidf=method != "baseline").fit(list(texts), dense, labels, seed,
+                                                          screen=bool(cfg["screen"]))
     return head, encoder
 
 
@@ -545,20 +634,31 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
         _say(progress, f"filter {method}: encoded {len(texts)} texts in {time.perf_counter() - t0:.1f}s")
 
     oof = np.zeros(len(texts), dtype=np.float64)
+    oof_screen = np.full(len(texts), np.nan)
     skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=int(seed))
     for k, (tr, va) in enumerate(skf.split(texts, labels)):
         head, enc = _fit(method, texts[tr], labels[tr], cfg, seed + k + 1, progress,
                          dense=None if dense is None else dense[tr], label=f" fold {k + 1}/{folds}")
         dva = dense[va] if enc is None else _dense_features(enc, list(texts[va]), cfg)
         oof[va] = head.predict(list(texts[va]), dva)
+        first = head.screen(head.sparse(list(texts[va])))
+        if first is not None:
+            oof_screen[va] = first
         _say(progress, f"filter {method}: fold {k + 1}/{folds} done")
         del enc
-    threshold = _threshold_for_fpr(oof[labels == 0], target_fpr, cfg["threshold_rule"])
+    cut = None
+    if not np.isnan(oof_screen).any():  # the cascade: scores as served, the screen's below its cut
+        cut = screen_cut(oof_screen, labels, float(cfg["screen_margin"]))
+        oof = np.where(oof_screen < cut, oof_screen, oof)
+    threshold = _threshold_for_fpr(oof[labels == 0], target_fpr, cfg["threshold_rule"], cfg["fpr_confidence"])
     oof_flags = oof >= threshold
     head, encoder = _fit(method, texts, labels, cfg, seed, progress, dense=dense, label=" (all)")
     seconds = time.perf_counter() - started
     info = {
         "target_fpr": float(target_fpr),
+        "fpr_confidence": cfg["fpr_confidence"],
+        "screen_cut": cut,
+        "oof_screened_out": None if cut is None else float((oof_screen < cut).mean()),
         "seed": int(seed),
         "n_train": int(len(texts)),
         "n_train_injections": n_pos,
@@ -575,7 +675,8 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
                    f"FPR {info['oof_fpr']:.3f}, ROC-AUC {info['oof_roc_auc']:.3f}); trained in {seconds:.1f}s")
     ref = {"kind": "directory", "path": "encoder"} if method == "finetune" else {
         "kind": "packaged", "package": ENCODER_PACKAGE, "model": ENCODER_NAME}
-    config = {k: cfg[k] for k in ("segments", "max_segments", "batch_size", "device")}
+    config = {k: cfg[k] for k in ("segments", "max_segments", "whole_embedding", "batch_size", "device")}
+    config["screen_cut"] = cut
     config["params"] = {k: v for k, v in cfg.items()}
     return InjectionClassifier(method, threshold, info, head, config, ref, encoder)
 

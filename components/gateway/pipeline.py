@@ -51,6 +51,8 @@ class GatewayMetrics:
     | tuneloop_gateway_pii_entities_total    | entity, where (prompt, output)                         |
     | tuneloop_gateway_filter_flagged_total  | category, where (prompt, output, moderation)           |
     | tuneloop_gateway_filter_batch_size     | histogram of classifier batch sizes                    |
+    | tuneloop_gateway_cpu_seconds_total     | part (pii: Presidio's analyses, their own thread CPU)  |
+    | tuneloop_gateway_filter_texts_total    | stage (screened: cleared without the encoder, encoded) |
     Labels never carry a key or a key id.
     """
 
@@ -66,6 +68,10 @@ class GatewayMetrics:
         self.pii = prom.Counter("tuneloop_gateway_pii_entities", "PII entities found", ["entity", "where"], **kw)
         self.flagged = prom.Counter("tuneloop_gateway_filter_flagged", "Texts flagged by the content filter",
                                     ["category", "where"], **kw)
+        self.cpu = prom.Counter("tuneloop_gateway_cpu_seconds", "CPU seconds of the gateway's own work, by part",
+                                ["part"], **kw)
+        self.filter_texts = prom.Counter("tuneloop_gateway_filter_texts", "Texts the classifier scored, by the "
+                                         "stage that decided", ["stage"], **kw)
         self.filter_batch = prom.Histogram("tuneloop_gateway_filter_batch_size", "Classifier batch sizes",
                                            buckets=(1, 2, 4, 8, 16, 32, 64, 128), **kw)
 
@@ -138,6 +144,7 @@ class Gateway:
             if settings.spacy_model_dir is not None:
                 settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
             pii = PiiRedactor(settings, home, key_prefix=g.key_prefix)
+            pii.on_cpu = metrics.cpu.labels(part="pii").inc
         content_filter = build_content_filter(cfg, metrics, load_classifier)
         return cls(g, keys, limiter, cache, pii, content_filter, metrics, health)
 
@@ -257,9 +264,16 @@ def build_content_filter(cfg, metrics=None, load_classifier: bool = True) -> Con
                                         "with `tuneloop filter train`")
             log.warning("content filter: %s is not registered (train it with `tuneloop filter train`); "
                         "rules only", f.classifier)
-    on_batch = (lambda n: metrics.filter_batch.observe(n)) if metrics is not None else None
+    on_batch = on_texts = None
+    if metrics is not None:
+        def on_batch(n: int) -> None:
+            metrics.filter_batch.observe(n)
+
+        def on_texts(screened: int, encoded: int) -> None:
+            metrics.filter_texts.labels(stage="screened").inc(screened)
+            metrics.filter_texts.labels(stage="encoded").inc(encoded)
     return ContentFilter(rules, classifier, f.threshold, model_id, f.max_batch_size, f.max_latency_ms, f.timeout_s,
-                         on_batch=on_batch)
+                         on_batch=on_batch, on_texts=on_texts)
 
 
 def load_registered_classifier(cfg, ref: str):

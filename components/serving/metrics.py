@@ -58,6 +58,10 @@ class ServingMetrics:
                                      ["reason"], **kw)
         self.success = prom.Counter("tuneloop_request_success", "Generations finished", ["finish_reason"], **kw)
         self.retries = prom.Counter("tuneloop_internal_retries", "In-process calls retried", ["error"], **kw)
+        # Wall time the engine's steps and the filter's encoder batches held the CPU, in turns
+        # (components/cpu_turns.py): the filter's share of it is what it costs the engine.
+        self.cpu_turns = prom.Counter("tuneloop_cpu_turn_seconds", "Seconds the CPU's turns were held, by holder",
+                                      ["holder"], **kw)
         self._labels = {"model": model, "engine": engine}
         # Which version serves now (1) and which served before (0): the other series keep the
         # label this process started with, also after a hot swap (components/serving/hotswap.py).
@@ -68,6 +72,9 @@ class ServingMetrics:
     def serving(self, old: str, new: str) -> None:
         self.model_info.labels(model=old).set(0)
         self.model_info.labels(model=new).set(1)
+
+    def observe_turn(self, holder: str, seconds: float) -> None:
+        self.cpu_turns.labels(holder=holder).inc(seconds)
 
     def observe_batch(self, size: int) -> None:
         self.batch_size.labels(engine=self.engine).observe(size)

@@ -41,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from components.cpu_turns import CPU_TURNS
 from components.serving.engine import (
     BatchObserver,
     GenerationStream,
@@ -525,7 +526,8 @@ class SlotEngine:
                     if self._stopping:
                         return
                 try:
-                    self._step()
+                    with CPU_TURNS.turn("engine"):  # one step, then the filter's encoder if it waits
+                        self._step()
                 except Exception as exc:  # the engine survives; the requests of this step do not
                     log.exception("slots engine step failed (%d running)", len(self.rows))
                     with batched_delivery():
