@@ -181,6 +181,8 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         start_from = champion_dir if cfg.training.init_from == "champion" and champion_dir else None
         logger.info("candidates start from %s", f"the champion v{champion_version}" if start_from else "the base model")
         mlflow.log_param("init_from", f"champion v{champion_version}" if start_from else "base")
+        if start_from and cfg.training.continued:  # the continued run's schedule (training.continued)
+            mlflow.log_param("continued", json.dumps(cfg.training.continued, sort_keys=True))
         candidates = []
         for spec in candidate_specs(cfg, prepared.dir, run_root, start_from=start_from):
             with mlflow.start_run(run_name=spec.name, nested=True) as child:

@@ -163,6 +163,35 @@ def test_bad_candidate_override_is_a_config_error(tmp_path, dataset_dir, bad, ke
     assert "training.candidates[1]" in str(err.value) and key in str(err.value)
 
 
+def test_a_run_from_the_champion_takes_the_continued_schedule(tmp_path, dataset_dir):
+    """training.continued applies only when the weights start from the champion, under each
+    candidate's own overrides; a run from the base keeps the section's schedule."""
+    cfg = load_config(write_config(tmp_path, {
+        "max_steps": 150, "learning_rate": 1e-3, "method": "lora", "lora": {"r": 16, "alpha": 32},
+        "continued": {"max_steps": 40, "learning_rate": 2e-4, "lora": {"r": 8}},
+        "candidates": [{}, {"learning_rate": 5e-4}],
+    }), environ={})
+    fresh = candidate_specs(cfg, dataset_dir, tmp_path / "runs")
+    assert [(s.config.max_steps, s.config.learning_rate, s.config.lora.r) for s in fresh] == [
+        (150, 1e-3, 16), (150, 5e-4, 16)]
+    champion = tmp_path / "champion"
+    continued = candidate_specs(cfg, dataset_dir, tmp_path / "runs", start_from=str(champion))
+    assert [(s.config.max_steps, s.config.learning_rate, s.config.lora.r) for s in continued] == [
+        (40, 2e-4, 8), (40, 5e-4, 8)]
+    assert all(s.base_model == str(champion) and "continued" not in s.training for s in continued)
+    assert continued[0].config.lora.alpha == 32  # nested merge keeps the rest of lora
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"max_stepz": 40}, "unknown training keys"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"init_from": "base"}, "may not set"),
+])
+def test_a_bad_continued_schedule_fails_when_the_config_loads(tmp_path, bad, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write_config(tmp_path, {"continued": bad}), environ={})
+
+
 # ---------------------------------------------------------------------------------------
 # real jobs
 

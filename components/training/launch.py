@@ -137,11 +137,22 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
 
     Each candidate is a dict of overrides of the training section, validated like the
     section itself, so `{learning_rte: 1e-3}` is a ConfigError, not an ignored setting.
+    A run from the champion applies training.continued first (a continued run's schedule).
     """
     dataset_dir, run_root = Path(dataset_dir), Path(run_root)
     train_path = dataset_dir / "train.jsonl"
     eval_path = dataset_dir / "eval.jsonl"
-    section = cfg.training.model_dump(mode="json", exclude={"candidates", "kubernetes"})
+    section = cfg.training.model_dump(mode="json", exclude={"candidates", "kubernetes", "continued"})
+    continued = cfg.training.continued
+    if start_from and continued:
+        where = f"{cfg.source or 'config'}: training.continued"
+        if "candidates" in continued or "continued" in continued:
+            raise ConfigError(f"{where}: may not set candidates or continued")
+        section = _merge(section, continued)
+        try:
+            TrainingConfig.model_validate(section)
+        except ValidationError as err:
+            raise ConfigError(_format_errors(err, where)) from None
     specs = []
     for i, overrides in enumerate(cfg.training.candidates or [{}]):
         where = f"{cfg.source or 'config'}: training.candidates[{i}]"
@@ -161,7 +172,7 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
                 train_path=str(train_path),
                 eval_path=str(eval_path) if eval_path.exists() else None,
                 output_dir=str(run_root / f"cand-{i}"),
-                training=training.model_dump(mode="json", exclude={"candidates", "kubernetes"}),
+                training=training.model_dump(mode="json", exclude={"candidates", "kubernetes", "continued"}),
                 deepspeed_config=str(ds) if ds else None,
                 num_processes=training.num_processes,
                 launcher=training.launcher,
