@@ -1,21 +1,31 @@
 """Gateway benchmark: what auth + limits + PII + content filter cost, what the cache buys,
 and /v1/moderations batched vs one at a time.
 
-    python benchmarks/gateway.py              # 128 requests, 32 concurrent clients, 3 rounds
-    python benchmarks/gateway.py --quick      # 64 requests, 2 rounds
-    python benchmarks/gateway.py --model-dir .tuneloop/models/smollm2-135m-instruct
+    python benchmarks/gateway.py --ignore-eos              # 128 requests, 32 clients, 3 rounds
+    python benchmarks/gateway.py --quick --ignore-eos      # 64 requests, 2 rounds
+    python benchmarks/gateway.py --ignore-eos --max-tokens 64 --rounds 6 --systems off,on \
+        --model-dir .tuneloop-smollm2/models/smollm2-135m-instruct
 
 One run, side by side, the same seeded workload as benchmarks/serving.py (chat rows,
-greedy, streamed) against `bentoml serve` with the slots engine, three ways:
+greedy, streamed; --ignore-eos: every request generates its max_tokens, so every system
+does the same work) against `bentoml serve` with the slots engine:
   off    the gateway off (no key, no limits, no PII, no filter, no cache);
   on     everything on, cache off: a key checked per request, limits in a real Redis
          (started here on 127.0.0.1), PII redaction of prompts and of streamed outputs,
-         rules + the classifier on every prompt and output (the classifier trained first
-         by `tuneloop filter train` with the quick baseline method, loaded by alias);
+         rules + the classifier on every prompt, rules on every output (the classifier
+         trained first by `tuneloop filter train`, the shipped method unless --method, and
+         loaded by alias);
   cache  as `on` with the result cache: 40 % of the requests were answered once before
          the round (the seed's hit rate), the rest are new. Each round uses a fresh seed,
          so no round reuses another's answers.
-Rounds go round-robin over the systems; each system's median round is reported.
+  on-no-classifier, on-no-pii, on-no-auth (only when named in --systems): `on` less one
+         part, to attribute the cost.
+Rounds go round-robin over the systems, every other round in reverse order; a system's
+cost is the median of its per-round throughput ratios to `off` (round i of both ran back to
+back). Beside it, the shares the server itself measures, which the host's round-to-round
+noise (+-15 % here) does not blur: the wall time the filter's encoder held the CPU in turns
+with the engine (tuneloop_cpu_turn_seconds_total, components/cpu_turns.py: the engine's
+throughput lost to it) and Presidio's own CPU (tuneloop_gateway_cpu_seconds_total).
 
 Targets: on/off output tok/s >= 0.95 (gateway cost <= 5 %); cache/on >= 0.95 of the
 Amdahl bound 1/(1 - 0.4); cache-hit latency p50 (client-measured, an upper bound of the

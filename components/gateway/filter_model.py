@@ -5,12 +5,14 @@ Methods (``params["method"]``):
 ``hybrid`` (the default)
     One logistic regression over features that need no encoder training:
     character n-gram TF-IDF (char_wb 2-5; robust to German, spelling and spacing tricks),
-    word 1-2-gram TF-IDF, and the frozen all-MiniLM-L6-v2 embedding of the whole text,
-    plus, per text, the element-wise max over its segments' embeddings and the embedding
-    of its last segment (segments: sentences / lines). Injections are often a harmless
-    request with the attack appended ("... Very good. Now forget that and ..."); a mean
-    over the whole text dilutes that, a max over segments and the last segment do not.
-    Trains in seconds on two CPU cores (the encoder is only run forward, once per text).
+    word 1-2-gram TF-IDF, and frozen all-MiniLM-L6-v2 embeddings of the text's segments
+    (sentences / lines): their mean, their element-wise max and the last one. Injections
+    are often a harmless request with the attack appended ("... Very good. Now forget that
+    and ..."); a mean dilutes that, a max over segments and the last segment do not.
+    A cascade in front of it (``screen``): a logistic regression on the TF-IDF blocks alone
+    scores every text first, and a text it scores under its cut keeps that score without an
+    encoder pass (the pass is most of the filter's CPU; see ``screen_cut``).
+    Trains in seconds on two CPU cores (the encoder is only run forward, once per segment).
 ``baseline``
     Frozen all-MiniLM-L6-v2 embedding of the whole text + logistic regression: the obvious
     method every report compares against.
@@ -22,21 +24,28 @@ Methods (``params["method"]``):
     default); for larger data or a GPU.
 
 The decision threshold is always chosen on the training data only: k-fold out-of-fold
-scores on the training part, and the threshold that keeps the out-of-fold false-positive
-rate at or under ``target_fpr``. The final model is then fitted on the whole training part.
+scores on the training part (as served: the screen's score where it clears a text), and the
+threshold that keeps the out-of-fold false-positive rate's one-sided 80 % upper confidence
+bound (Clopper-Pearson, ``fpr_confidence``) at or under ``target_fpr``. With the point
+estimate instead, an unseen split's FPR lands above the target about half the time (seed 42:
+4 of 68 benign rows, 5.9 %). The final model is then fitted on the whole training part.
 
-Measured (2 CPU cores; repeated stratified 80/20 splits of the 546-row set, seeds 0-9, the
-threshold from 5-fold out-of-fold scores on the training part for 5% FPR, then recall/FPR on
-the held-out 109 rows, 68 of them benign, so one false positive is 1.5 points of FPR):
+Measured (2 CPU cores; repeated stratified 80/20 splits of the 546-row set, the threshold
+from 5-fold out-of-fold scores on the training part for 5 % FPR, then recall/FPR on the
+held-out 109 rows, 68 of them benign, so one false positive is 1.5 points of FPR):
 
-    method     recall          FPR             ROC-AUC         train
-    baseline   0.766 +- 0.058  0.047 +- 0.019  0.937 +- 0.022  ~5 s
-    hybrid     0.905 +- 0.035  0.034 +- 0.028  0.983 +- 0.015  ~10 s
-    finetune   0.927 +- 0.045  0.029 +- 0.017  0.986 +- 0.022  170-330 s  (seeds 0, 1, 2, 4 only;
-               hybrid on the same four: 0.908 +- 0.050, 0.044 +- 0.032, 0.978 +- 0.020)
+    seeds 0-9  recall          FPR             ROC-AUC         met      train
+    baseline   0.744 +- 0.079  0.034 +- 0.018  0.937 +- 0.022  1 of 10  ~5 s
+    hybrid     0.890 +- 0.033  0.026 +- 0.026  0.981           8 of 10  ~5 s
+    seed 42 (the flow's): hybrid 0.878 at FPR 0.029 (met), baseline 0.805 at 0.015.
 
-hybrid met 85% recall at <= 5% FPR on 8 of 10 seeds (recall >= 0.85 on all; FPR 7.4% and
-8.8% on the other two), the baseline on 1 of 10.
+"met": >= 85 % recall at <= 5 % FPR; hybrid's recall was >= 0.85 on all eleven splits and
+its FPR 5.9 % (4 of 68) on the two it missed. The screen cleared 37 % of the held-out benign
+texts (21 % of the sample chat prompts, 8 % of EVERYDAY_PROMPTS) without the encoder and no
+held-out injection; without it, and with the whole text's embedding and the point-estimate
+threshold (the previous default), hybrid scored 0.905 +- 0.035 at 0.034 +- 0.028.
+``finetune`` (measured under that previous protocol, seeds 0, 1, 2, 4): 0.927 +- 0.045 at
+0.029 +- 0.017, 170-330 s to train.
 
 A saved classifier is a folder: ``classifier.json`` (method, threshold, info, feature
 settings, where the encoder is), ``head.joblib`` (vectorizers and logistic regression) and,
