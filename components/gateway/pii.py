@@ -79,6 +79,12 @@ _SCREENED = {
     "_PhoneRecognizer", "_SecretRecognizer",
 }
 
+# Recognizers every match of which starts inside a word that holds a pre-screen trigger (a
+# digit, "@", ".x", a secret's prefix, ...): a stream may emit the words before the first
+# trigger at once, since no entity can begin in them. Not DateRecognizer ("March 5, 2024"
+# begins with a plain word): with DATE_TIME among the entities, streams hold back as always.
+_LEADING_TRIGGER = _SCREENED - {"DateRecognizer"}
+
 # Emitted text a stream analyses again, before pending: enough for "Bearer " when its token
 # comes after the cut (short so far, or its digit not there yet), and ~5 words of context.
 _CONTEXT_CHARS = 32
@@ -156,6 +162,11 @@ class PiiRedactor:
         unscreened = sorted(names - _SCREENED)
         # The pre-screen was derived from these recognizers' patterns only (see _PRESCREEN).
         self.prescreen = not components and not unscreened
+        # Streams may emit trigger-free words before any analysis (StreamRedactor), when every
+        # recognizer that can report a configured entity starts its matches at a trigger.
+        reporting = {type(r).__name__ for r in self.analyzer.registry.get_recognizers(LANGUAGE, all_fields=True)
+                     if self.entities is None or set(r.supported_entities) & set(self.entities)}
+        self.early_emit = self.prescreen and reporting <= _LEADING_TRIGGER
         if not self.prescreen:
             log.warning("PII pre-screen off (pipeline components %s, recognizers %s): every text is analysed",
                         components, unscreened)
@@ -282,6 +293,11 @@ class StreamRedactor:
     """Redacts a streamed text as it comes: add(delta) -> text safe to emit now, flush() -> the
     redacted rest at the end. One consumer at a time (a stream is sequential).
 
+    Words before the first word that holds a pre-screen trigger go out at once, unanalysed
+    (PiiRedactor.early_emit: every recognizer that can report a configured entity starts its
+    matches inside such a word), so prose reaches the client token by token instead of a
+    hold-back behind; the last word waits, as it may go on.
+
     Unemitted text waits in `pending`. Once it has grown by `step` characters since the last
     look, pending (after the last few emitted words, its left context) is analysed and cut: at
     least holdback_chars before its end (room for the longest multi-word entity: a spaced IBAN
@@ -313,16 +329,18 @@ class StreamRedactor:
         self._cut = 0
 
     def add(self, delta: str) -> str:
-        window = self._due(delta)
-        return "" if window is None else self._emit(self._run(self._redactor.find, window), final=False)
+        early = self._early(delta)
+        window = self._due()
+        return early if window is None else early + self._emit(self._run(self._redactor.find, window), final=False)
 
     def flush(self) -> str:
         window = self._final_window()
         return "" if window is None else self._emit(self._run(self._redactor.find, window), final=True)
 
     async def aadd(self, delta: str) -> str:
-        window = self._due(delta)
-        return "" if window is None else self._emit(await self._arun(window), final=False)
+        early = self._early(delta)
+        window = self._due()
+        return early if window is None else early + self._emit(await self._arun(window), final=False)
 
     async def aflush(self) -> str:
         window = self._final_window()
@@ -347,10 +365,26 @@ class StreamRedactor:
             self._error = exc
             raise
 
-    def _due(self, delta: str) -> str | None:
-        """The window to analyse now, or None while nothing may be emitted yet."""
+    def _early(self, delta: str) -> str:
+        """Take delta in; return the words of pending that may go out unanalysed: those before
+        the first word holding a pre-screen trigger, never the last word (it may go on). Only
+        where no entity can begin in a trigger-free word (PiiRedactor.early_emit)."""
         self._check()
         self._pending += delta
+        if not self._redactor.early_emit or not self._pending:
+            return ""
+        p = self._pending
+        trigger = self._redactor._screen.search(p.lower())
+        m = _UP_TO_BREAK.match(p, 0, trigger.start() if trigger else len(p))
+        if m is None:
+            return ""
+        out, self._pending = p[:m.end()], p[m.end():]
+        self._tail = _left_context(self._tail + out, _CONTEXT_CHARS)
+        self._next = max(self._next - m.end(), self._holdback + self._step)  # as often as a fresh stream at most
+        return out
+
+    def _due(self) -> str | None:
+        """The window to analyse now, or None while nothing may be emitted yet."""
         p = self._pending
         if len(p) < self._next:
             return None
