@@ -184,6 +184,39 @@ def test_revocation_and_expiry_apply_on_the_next_request(loaded, tmp_path):
     run_gateway(loaded, cfg, test, replicas=2)
 
 
+def test_a_replica_reads_a_key_row_again_only_after_a_commit(tmp_path):
+    """SQLite: verification keeps the rows it read until anyone commits to the file, so a
+    steady stream of requests costs no query, and a revocation (by `tuneloop keys` or by this
+    very store) still applies from the next request on."""
+    import sqlalchemy as sa
+
+    from components.gateway.keys import InvalidKey, KeyStore
+
+    url, pepper = f"sqlite:///{tmp_path / 'keys.db'}", b"pepper"
+    server, cli = KeyStore(url, pepper), KeyStore(url, pepper)
+    record, key = cli.create("carol", "paid")
+    queries = []
+    sa.event.listen(server.engine, "before_cursor_execute", lambda *args: queries.append(args[2]))
+    for _ in range(5):
+        assert server.verify(key).id == record.id
+    assert len(queries) == 1, queries
+    cli.create("someone else", "free")  # any commit: read again
+    server.verify(key)
+    assert len(queries) == 2
+    cli.revoke(record.id)
+    with pytest.raises(InvalidKey, match="revoked"):
+        server.verify(key)
+    own, own_key = server.create("dave", "paid")
+    server.verify(own_key)
+    server.revoke(own.id)
+    with pytest.raises(InvalidKey, match="revoked"):
+        server.verify(own_key)
+    with pytest.raises(InvalidKey, match="unknown"):
+        server.verify(own_key[:-3] + "abc")
+    server.close()
+    cli.close()
+
+
 # ---------------------------------------------------------------------------------------
 # limits
 
