@@ -1,7 +1,7 @@
 """One Redis connection for the gateway, behind a circuit breaker.
 
-Every call has a short deadline (socket timeouts of `timeout_s`, no client-side retries,
-and an asyncio deadline as a backstop for a server that accepts and never answers), so a
+Every call has a short deadline (`timeout_s` to connect and to answer, no client-side
+retries, and an asyncio deadline as a backstop), so a
 dead or hung Redis costs a request at most one timeout. After `failures` consecutive
 failures the breaker opens: calls fail at once (RedisUnavailable) for `reset_s`, then one
 probe call is let through (half-open); its success closes the breaker again. Each state
@@ -27,16 +27,13 @@ class RedisHealth:
 
     def __init__(self, url: str, timeout_s: float = 0.25, failures: int = 3, reset_s: float = 5.0,
                  on_change: Callable[[str], None] | None = None):
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+        from components.gateway.redis_pipe import RedisPipe
 
         self.url = url
         self.timeout_s = timeout_s
-        # No cap on pooled connections: a capped pool raises at once when a burst exceeds it,
-        # and a burst must not look like a Redis failure to the breaker.
-        self.client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                     retry=Retry(NoBackoff(), 0), decode_responses=True)
+        # One pipelined connection (redis_pipe.py): no pool to run dry in a burst, and a
+        # burst never looks like a Redis failure to the breaker.
+        self.client = RedisPipe(url, timeout_s)
         self.failures_to_open = failures
         self.reset_s = reset_s
         self.on_change = on_change
