@@ -76,13 +76,14 @@ INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parq
 
 def scrape(url: str) -> dict[str, float]:
     """The server's counters this benchmark reads: cache hits, the CPU turns the filter's
-    encoder and the engine held (seconds), Presidio's own CPU seconds."""
+    encoder and the engine held (seconds), Presidio's and the classifier's own CPU seconds."""
     import urllib.request
 
     wanted = {'tuneloop_gateway_cache_total{result="hit"}': "cache_hits",
               'tuneloop_cpu_turn_seconds_total{holder="filter"}': "filter_turn_s",
               'tuneloop_cpu_turn_seconds_total{holder="engine"}': "engine_turn_s",
-              'tuneloop_gateway_cpu_seconds_total{part="pii"}': "pii_cpu_s"}
+              'tuneloop_gateway_cpu_seconds_total{part="pii"}': "pii_cpu_s",
+              'tuneloop_gateway_cpu_seconds_total{part="filter"}': "filter_cpu_s"}
     out = dict.fromkeys(wanted.values(), 0.0)
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
@@ -184,8 +185,11 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
                        "--port", str(port)]
                 print(f"{name}: starting bentoml serve on {url} ...", flush=True)
+                # Each server its own BENTOML_HOME: a starting server clears the Prometheus
+                # multiprocess folder under it, which would wipe the metrics of those before it.
+                own = {"BENTOML_HOME": str(work / f"bentoml-{name}")}
                 proc = stack.enter_context(service(cmd, f"{url}/readyz", work / f"serve-{name}.log",
-                                                   env={**base_env, **extra}, timeout=300, cwd=ROOT))
+                                                   env={**base_env, **extra, **own}, timeout=300, cwd=ROOT))
                 urls[name], pids[name] = url, proc.pid
             headers = {"Authorization": f"Bearer {key}"}
 
@@ -219,14 +223,18 @@ def main() -> None:
                     with measured(extra, pids[name]):
                         res, duration = run_round(name, requests, seed)
                     counters = {k: v - counters[k] for k, v in scrape(urls[name]).items()}
-                    # What the gateway's heavy parts took, as shares of the round: the filter's
-                    # encoder ran in turns with the engine (its wall time is the engine's loss),
-                    # Presidio beside it (its CPU over the server's).
+                    # What the gateway's heavy parts took, as shares of the round: an encoder
+                    # classifier runs in turns with the engine (its wall time is the engine's
+                    # loss), Presidio and the classifier's own work beside it (their CPU over
+                    # the server's).
                     extra["filter_turn_share"] = counters["filter_turn_s"] / duration
-                    extra["pii_cpu_share"] = counters["pii_cpu_s"] / max(extra["server_cpu"] * duration, 1e-9)
+                    server_cpu_s = max(extra["server_cpu"] * duration, 1e-9)
+                    extra["pii_cpu_share"] = counters["pii_cpu_s"] / server_cpu_s
+                    extra["filter_cpu_share"] = counters["filter_cpu_s"] / server_cpu_s
                     if name != "off":
                         extra["notes"] = [f"filter encoder's turns {extra['filter_turn_share']:.1%} of the round; "
-                                          f"Presidio {extra['pii_cpu_share']:.1%} of the server's CPU"]
+                                          f"classifier {extra['filter_cpu_share']:.1%} and Presidio "
+                                          f"{extra['pii_cpu_share']:.1%} of the server's CPU"]
                     if name == "cache":
                         hit_rates.append((cache_hits(urls[name]) - before) / len(requests))
                         extra["notes"].append(f"cache hits this round: {hit_rates[-1]:.0%}")
@@ -242,7 +250,8 @@ def main() -> None:
             for n, c in costs.items():
                 print(f" {n}/off paired by round: median {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; rounds "
                       f"{' '.join(f'{x:.2f}' for x in c['ratios'])}); filter encoder's turns {c['filter_turn_share']:.1%} "
-                      f"of the round, Presidio {c['pii_cpu_share']:.1%} of the server's CPU (medians)")
+                      f"of the round, classifier {c['filter_cpu_share']:.1%} and Presidio {c['pii_cpu_share']:.1%} of "
+                      "the server's CPU (medians)")
             if set(systems) != {"off", "on", "cache"}:
                 print("=" * 80)
                 if args.json:
@@ -257,10 +266,10 @@ def main() -> None:
                                      for a, b in zip(rounds["cache"], rounds["on"]))
         bound = 1 / (1 - statistics.mean(hit_rates)) if hit_rates else 1 / (1 - HIT_RATE)
         c = costs["on"]
-        heavy = c["filter_turn_share"] + c["pii_cpu_share"]
+        heavy = c["filter_turn_share"] + c["filter_cpu_share"] + c["pii_cpu_share"]
         print(f" gateway cost: on/off = {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; target <= 5 %) "
               f"{'MET' if c['ratio'] >= 0.95 else 'MISSED'}; its heavy parts measured apart from the host's noise "
-              f"(encoder turns + Presidio): {heavy:.1%} {'MET' if heavy <= 0.05 else 'MISSED'}")
+              f"(encoder turns + classifier + Presidio): {heavy:.1%} {'MET' if heavy <= 0.05 else 'MISSED'}")
         print(f" cache: cache/on = {cache_on:.2f}x (median of rounds) at a {statistics.mean(hit_rates):.0%} hit rate; "
               f"Amdahl bound {bound:.2f}x; {cache_on / bound:.2f} of it (target >= 0.95) "
               f"{'MET' if cache_on / bound >= 0.95 else 'MISSED'}")
@@ -284,7 +293,8 @@ def cost_of(rounds: list[dict], off_rounds: list[dict]) -> dict:
     ratios = [a["output_throughput"] / b["output_throughput"] for a, b in zip(rounds, off_rounds)]
     return {"ratio": statistics.median(ratios), "ratios": ratios,
             "filter_turn_share": statistics.median(r.get("filter_turn_share", 0.0) for r in rounds),
-            "pii_cpu_share": statistics.median(r.get("pii_cpu_share", 0.0) for r in rounds)}
+            "pii_cpu_share": statistics.median(r.get("pii_cpu_share", 0.0) for r in rounds),
+            "filter_cpu_share": statistics.median(r.get("filter_cpu_share", 0.0) for r in rounds)}
 
 
 async def send_chat_stream_seeded(client: Client, req, seed: int):

@@ -156,6 +156,13 @@ def trained(split):
 
 
 @pytest.fixture(scope="module")
+def with_encoder(split):
+    """hybrid on the encoder's own embeddings (the cascade's case: a screen spares the encoder)."""
+    train, _ = split
+    return fm.train_classifier(train, TARGET_FPR, SEED, {"embeddings": "encoder"})
+
+
+@pytest.fixture(scope="module")
 def baseline(split):
     train, _ = split
     return fm.train_classifier(train, TARGET_FPR, SEED, {"method": "baseline"})
@@ -195,8 +202,10 @@ def test_save_load_gives_identical_scores(trained, split, tmp_path):
     folder = clf.save(tmp_path / "model")
     meta = json.loads((folder / "classifier.json").read_text())
     assert meta["method"] == "hybrid" and meta["threshold"] == clf.threshold
-    assert meta["encoder"]["kind"] == "packaged"  # frozen encoder: referenced, not copied
-    assert sum(f.stat().st_size for f in folder.rglob("*")) < 20_000_000
+    # the distilled table travels with the classifier (float16, 30,522 x 384: 23 MB + the tokenizer)
+    assert meta["encoder"] == {"kind": "static", "path": "static", "distilled_from": fm.ENCODER_NAME}
+    assert (folder / "static" / "table.npy").exists() and (folder / "static" / "tokenizer.json").exists()
+    assert sum(f.stat().st_size for f in folder.rglob("*")) < 30_000_000
     loaded = fm.InjectionClassifier.load(folder)
     assert loaded.method == clf.method and loaded.threshold == clf.threshold and loaded.info == clf.info
     texts = test.text.tolist()[:40] + INJECTIONS + BENIGN
@@ -223,12 +232,12 @@ def test_evaluate_counts_are_consistent(trained, split):
 @pytest.mark.slow
 def test_default_method_beats_the_baseline_on_the_held_out_split(trained, baseline, split):
     """On this 109-row split (68 benign) one false positive is 1.5 points of FPR; across seeds
-    0-9 the default method met the target on 8 of 10 splits (module docstring)."""
+    0-9 and 42 the default method met the target on 10 of 11 splits (module docstring)."""
     clf, _ = trained
     _, test = split
     ours, base = fm.evaluate_classifier(clf, test), fm.evaluate_classifier(baseline, test)
     assert ours["roc_auc"] >= 0.97
-    # The issue's target on the flow's split (seed 42: 0.878 at 0.029 measured).
+    # The issue's target on the flow's split (seed 42: 0.927 at 0.015 measured).
     assert ours["recall"] >= 0.85 and ours["fpr"] <= 0.05
     assert ours["roc_auc"] >= base["roc_auc"] + 0.02
     assert ours["recall"] >= base["recall"] + 0.05
@@ -254,10 +263,11 @@ def test_finetune_method_saves_its_encoder(split, tmp_path):
 
 @needs_data
 @pytest.mark.slow
-def test_the_screen_spares_the_encoder_for_what_it_clears(trained, split):
-    """The cascade: texts the TF-IDF screen scores under its cut keep that score and skip the
-    encoder; obvious injections and every held-out injection go on to the encoder."""
-    clf, _ = trained
+def test_the_screen_spares_the_encoder_for_what_it_clears(with_encoder, split):
+    """The cascade (hybrid on encoder embeddings): texts the TF-IDF screen scores under its cut
+    keep that score and skip the encoder; obvious injections and every held-out injection go
+    on to the encoder."""
+    clf = with_encoder
     train, test = split
     cut = clf.info["screen_cut"]
     assert cut is not None and 0 < cut < clf.threshold
@@ -273,16 +283,17 @@ def test_the_screen_spares_the_encoder_for_what_it_clears(trained, split):
     scores = clf.scores(benign + INJECTIONS)
     assert clf.screened_out - before[0] == int(cleared.sum())
     assert clf.encoded - before[1] == len(benign) - int(cleared.sum()) + len(INJECTIONS)
-    np.testing.assert_array_equal(scores[:len(benign)][cleared], first[cleared])
+    np.testing.assert_allclose(scores[:len(benign)][cleared], first[cleared], rtol=0, atol=1e-5)
     assert (scores[len(benign):] >= clf.threshold).all()
 
 
 @needs_data
 @pytest.mark.slow
-def test_a_classifier_saved_before_the_cascade_scores_as_it_was_trained(trained, tmp_path):
+def test_a_classifier_saved_before_the_cascade_scores_as_it_was_trained(with_encoder, tmp_path):
     """A folder whose config has no whole_embedding / screen_cut (saved by an earlier version)
     scores every text with the whole text's embedding and no screen, as it was trained."""
-    clf, _ = trained
+    clf = with_encoder
+    assert json.loads((clf.save(tmp_path / "enc") / "classifier.json").read_text())["encoder"]["kind"] == "packaged"
     folder = clf.save(tmp_path / "old")
     meta = json.loads((folder / "classifier.json").read_text())
     del meta["config"]["whole_embedding"], meta["config"]["screen_cut"]
@@ -293,3 +304,60 @@ def test_a_classifier_saved_before_the_cascade_scores_as_it_was_trained(trained,
     expected = clf._head.predict(texts, fm._dense_features(clf._model(), texts, cfg))
     np.testing.assert_allclose(old.scores(texts), expected, rtol=0, atol=1e-9)
     assert old.screened_out == 0 and old.encoded == len(texts)
+
+
+@needs_data
+@pytest.mark.slow
+def test_the_default_scores_without_a_transformer_pass(trained, with_encoder, split):
+    """The default's segment embeddings come from the distilled table: scoring runs no torch
+    module and takes no CPU turn from the engine."""
+    from components.cpu_turns import CpuTurns
+    from components.embeddings import StaticEmbeddings
+
+    clf, _ = trained
+    _, test = split
+    table = clf._model()
+    assert isinstance(table, StaticEmbeddings) and clf.info["embeddings"] == "static"
+    assert table.table.shape == (30522, 384) and table.table.dtype == np.float16
+    turns = CpuTurns()
+    turns.enable()
+    import components.gateway.filter_model as module
+
+    original, module.CPU_TURNS = module.CPU_TURNS, turns
+    try:
+        clf.scores(test.text.tolist())
+    finally:
+        module.CPU_TURNS = original
+    assert turns.seconds == {}
+    # A row is the encoder's output for that token alone ([CLS] token [SEP]), found by the same
+    # tokenizer: a one-token text's embedding is the encoder's own vector for it.
+    import torch
+
+    encoder = with_encoder._model()
+    ids = encoder.tokenizer("Paris", add_special_tokens=True, return_tensors="pt")["input_ids"]
+    assert ids.shape == (1, 3)
+    with torch.inference_mode():
+        hidden = encoder[0].auto_model(input_ids=ids).last_hidden_state[0, 1].numpy()
+    np.testing.assert_allclose(table.embed(["Paris"])[0], hidden / np.linalg.norm(hidden), atol=2e-3)
+    static = table.embed(test.text.tolist()[:50])
+    assert np.allclose(np.linalg.norm(static, axis=1), 1, atol=1e-3)
+    assert table.embed(["", "What is the capital of France?"])[0].tolist() == [0.0] * 384
+    with pytest.raises(ValueError, match="embeddings must be static or encoder"):
+        fm.train_classifier(split[0], TARGET_FPR, SEED, {"embeddings": "glove"})
+
+
+@needs_data
+@pytest.mark.slow
+def test_served_scores_are_sklearns_without_its_overhead(trained, with_encoder, baseline, split):
+    """Serving scores through the regression's own arithmetic (_LinearScorer): the numbers of
+    vectorizer.transform + predict_proba within float32's rounding, for every head and for
+    the cascade's screen, texts without a single known n-gram included."""
+    _, test = split
+    texts = test.text.tolist() + INJECTIONS + BENIGN + ["", "zzqx", "12345 !!!"]
+    for clf in (trained[0], with_encoder, baseline):
+        head = clf._head
+        dense = fm._dense_features(clf._model(), texts, clf._config)
+        expected = head.lr.predict_proba(head._matrix(head.sparse(texts), dense))[:, 1]
+        np.testing.assert_allclose(head.predict(texts, dense), expected, rtol=0, atol=1e-5)
+    head = with_encoder._head
+    np.testing.assert_allclose(head.screen_texts(texts), head.screen(head.sparse(texts)), rtol=0, atol=1e-5)

