@@ -442,6 +442,11 @@ class GatewayConfig(Section):
     breaker_failures: int = Field(3, ge=1)  # consecutive failures that open the breaker
     breaker_reset_s: float = Field(5.0, gt=0)  # then one probe call after this long
     tiers: dict[str, TierLimits] = Field(default_factory=_default_tiers)
+    # Where Presidio's analyses and the classifier run: process (one child process of each
+    # server worker: they hold the GIL for a millisecond or more a call, which in the server's
+    # process is taken from generation; components/gateway/guard_process.py) or thread (in
+    # this process, in worker threads).
+    checks_in: Literal["process", "thread"] = "process"
     cache: ResultCacheConfig = ResultCacheConfig()
     pii: PiiConfig = PiiConfig()
     filter: FilterConfig = FilterConfig()

@@ -48,7 +48,9 @@ def _merge(base: dict, over: dict) -> dict:
 def gateway_config(home: Path, **gateway):
     from components.config import TuneloopConfig
 
-    base = {"pii": {"mode": "off", "outputs": "off"}, "filter": {"classifier": None}}
+    # The checks in threads of this process: these tests replace the analyzer to make faults;
+    # the checks' own process is tested in test_gateway_guard_process.py and the served stack.
+    base = {"pii": {"mode": "off", "outputs": "off"}, "filter": {"classifier": None}, "checks_in": "thread"}
     return TuneloopConfig.model_validate({"paths": {"home": str(home)}, "gateway": _merge(base, gateway)})
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,8 +252,10 @@ def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
 
     request_log.submit(rec(1))
     request_log.flush()
-    redactor._proc.kill()  # a fault: the child dies between batches
-    redactor._proc.wait()
+    first = redactor.guard.pid
+    os.kill(first, signal.SIGKILL)  # a fault: the child dies between batches
+    while redactor.guard.pid == first:
+        time.sleep(0.01)
     request_log.submit(rec(2))
     request_log.flush()  # a new child answers this batch
     redactor.timeout_s = 0.001  # a fault: the child does not answer in time

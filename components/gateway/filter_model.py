@@ -570,6 +570,33 @@ class InjectionClassifier:
         return f"InjectionClassifier(method={self.method!r}, threshold={self.threshold:.4f})"
 
 
+class RemoteClassifier:
+    """A saved classifier scored in a GuardProcess (components/gateway/guard_process.py), off
+    this process's GIL: the interface ContentFilter uses (scores, threshold, method and the
+    screened/encoded counts). The threshold and method are read from the folder here."""
+
+    def __init__(self, directory, guard, timeout_s: float):
+        meta = json.loads((Path(directory) / "classifier.json").read_text())
+        self.method = meta["method"]
+        self.threshold = float(meta["threshold"])
+        self.guard = guard
+        self.timeout_s = timeout_s
+        self.screened_out = 0
+        self.encoded = 0
+
+    def scores(self, texts: Iterable[str]) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros(0, dtype=np.float64)
+        reply = self.guard.call("scores", texts, self.timeout_s)
+        self.screened_out += int(reply["screened"])
+        self.encoded += int(reply["encoded"])
+        return np.asarray(reply["scores"], dtype=np.float64)
+
+    def flags(self, texts: Iterable[str]) -> list[bool]:
+        return [bool(s >= self.threshold) for s in self.scores(texts)]
+
+
 def _versions() -> dict[str, str]:
     out = {}
     for name in ("sklearn", "sentence_transformers", "torch", "transformers", ENCODER_PACKAGE):

@@ -71,6 +71,13 @@ def _prescreen(secrets) -> re.Pattern:
 
 _PRESCREEN = _prescreen(_SECRETS)
 
+
+def _secrets(key_prefix: str) -> list[tuple[str, str, str]]:
+    """The secret patterns, with this deployment's own key prefix when it is not tl-."""
+    if key_prefix == "tl-":
+        return list(_SECRETS)
+    return [*_SECRETS, ("tuneloop_key_custom", re.escape(key_prefix), r"[A-Za-z0-9_\-]{32,}")]
+
 _SCREENED = {
     "CreditCardRecognizer", "UsBankRecognizer", "UsLicenseRecognizer", "UsItinRecognizer",
     "UsPassportRecognizer", "UsSsnRecognizer", "NhsRecognizer", "CryptoRecognizer",
@@ -144,9 +151,7 @@ class PiiRedactor:
         self.on_cpu: Callable[[float], None] | None = None  # CPU seconds of each analysis (a metric)
         # Presidio's email recognizer imports tldextract, which would fetch the suffix list.
         os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
-        secrets = list(_SECRETS)
-        if key_prefix != "tl-":
-            secrets.append(("tuneloop_key_custom", re.escape(key_prefix), r"[A-Za-z0-9_\-]{32,}"))
+        secrets = _secrets(key_prefix)
         self._screen = _prescreen(secrets)
         try:
             self.analyzer, components = self._build(config, Path(cache_dir), secrets)
@@ -260,6 +265,46 @@ class PiiRedactor:
 
     def close(self) -> None:
         """Nothing to release (no threads or files of its own); here for symmetry."""
+
+
+class RemotePiiRedactor(PiiRedactor):
+    """A PiiRedactor whose analyses run in a GuardProcess (components/gateway/guard_process.py),
+    off this process's GIL; the pre-screen, the replacement and streams' bookkeeping stay
+    here (microseconds). Until the child is ready, every text counts as possibly holding an
+    entity and streams emit nothing early (the safe side); the child then says what the
+    analyzer it built allows. Failures are PiiError, as in-process."""
+
+    def __init__(self, config: PiiConfig, guard, key_prefix: str = "tl-"):
+        self.config = config
+        self.guard = guard
+        self.on_cpu = None  # the child's CPU is reported through guard.on_cpu["find"]
+        secrets = _secrets(key_prefix)
+        self._screen = _prescreen(secrets)
+        self.entities = config.entities
+        self.prescreen = self.early_emit = False
+
+    def adopt(self, info: dict) -> None:
+        """What the child's analyzer allows (GuardProcess.info["pii"])."""
+        self.prescreen = bool(info.get("prescreen"))
+        self.early_emit = bool(info.get("early_emit"))
+
+    def _analyze(self, text: str) -> list[Entity]:
+        from components.gateway.guard_process import GuardFailed
+
+        try:
+            return [Entity(*e) for e in self.guard.call("find", text, self.config.timeout_s)]
+        except GuardFailed as exc:
+            raise PiiError(f"PII analysis failed: {exc}") from None
+
+    async def afind(self, text: str) -> list[Entity]:
+        from components.gateway.guard_process import GuardFailed
+
+        if not self._screened(text):
+            return []
+        try:
+            return [Entity(*e) for e in await self.guard.acall("find", text, self.config.timeout_s)]
+        except GuardFailed as exc:
+            raise PiiError(f"PII analysis failed: {exc}") from None
 
 
 def _merge(results) -> list[Entity]:

@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
 from components.gateway.cache import ResultCache, cache_key, cacheable
@@ -51,8 +52,10 @@ class GatewayMetrics:
     | tuneloop_gateway_pii_entities_total    | entity, where (prompt, output)                         |
     | tuneloop_gateway_filter_flagged_total  | category, where (prompt, output, moderation)           |
     | tuneloop_gateway_filter_batch_size     | histogram of classifier batch sizes                    |
-    | tuneloop_gateway_cpu_seconds_total     | part (pii: Presidio's analyses, their own thread CPU)  |
-    | tuneloop_gateway_filter_texts_total    | stage (screened: cleared without the encoder, encoded) |
+    | tuneloop_gateway_cpu_seconds_total     | part (pii: Presidio's analyses, filter: the classifier's |
+    |                                        | batches; their own thread CPU)                         |
+    | tuneloop_gateway_filter_texts_total    | stage (screened: cleared by the TF-IDF screen without   |
+    |                                        | embeddings, encoded: scored by the whole classifier)   |
     Labels never carry a key or a key id.
     """
 
@@ -92,7 +95,7 @@ class _NoMetrics:
 class Gateway:
     def __init__(self, config, keys: KeyStore | None, limiter, cache: ResultCache | None, pii=None,
                  content_filter: ContentFilter | None = None, metrics: GatewayMetrics | None = None,
-                 health: RedisHealth | None = None):
+                 health: RedisHealth | None = None, guard=None):
         self.config = config  # components.config.GatewayConfig
         self.keys = keys
         self.limiter = limiter
@@ -101,6 +104,7 @@ class Gateway:
         self.filter = content_filter
         self.metrics = metrics or _NoMetrics()
         self.health = health
+        self.guard = guard  # the GuardProcess running PII analyses and the classifier (checks_in: process)
         # What the screening of a prompt depends on (PII and filter settings, the rules' and the
         # classifier's versions): part of every cache key, so a cached answer is replayed only
         # for a request that passed the same screening (and a hit can skip it).
@@ -136,26 +140,50 @@ class Gateway:
         if g.cache.enabled:
             cache = ResultCache(g.cache.ttl_s, g.cache.max_entries, health,
                                 on_event=lambda kind: metrics.cache.labels(result=kind).inc())
-        pii = None
+        pii = guard = None
+        settings = None
         if g.pii.mode != "off" or g.pii.outputs != "off":
-            from components.gateway.pii import PiiRedactor
-
             settings = g.pii
             if settings.spacy_model_dir is not None:
                 settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
-            pii = PiiRedactor(settings, home, key_prefix=g.key_prefix)
-            pii.on_cpu = metrics.cpu.labels(part="pii").inc
-        content_filter = build_content_filter(cfg, metrics, load_classifier)
-        return cls(g, keys, limiter, cache, pii, content_filter, metrics, health)
+        folder, model_id = registered_classifier(cfg, load_classifier)
+        if g.checks_in == "process" and (settings is not None or folder is not None):
+            from components.gateway.guard_process import GuardProcess
+
+            # Started now, ready by the warm-up: the child builds Presidio and loads the
+            # classifier while this process loads the model.
+            guard = GuardProcess({"pii": None if settings is None else settings.model_dump(mode="json"),
+                                  "cache_dir": str(home), "key_prefix": g.key_prefix,
+                                  "classifier": None if folder is None else str(folder)}, name="gateway-checks")
+            guard.on_cpu.update(find=metrics.cpu.labels(part="pii").inc, scores=metrics.cpu.labels(part="filter").inc)
+            guard.start()
+        if settings is not None:
+            from components.gateway.pii import PiiRedactor, RemotePiiRedactor
+
+            if guard is not None:
+                pii = RemotePiiRedactor(settings, guard, key_prefix=g.key_prefix)
+            else:
+                pii = PiiRedactor(settings, home, key_prefix=g.key_prefix)
+                pii.on_cpu = metrics.cpu.labels(part="pii").inc
+        content_filter = build_content_filter(cfg, metrics, (folder, model_id), guard)
+        return cls(g, keys, limiter, cache, pii, content_filter, metrics, health, guard)
 
     async def warm_up(self) -> None:
-        """First calls of the analyzer and the classifier (lazy initialisation), before traffic."""
+        """The checks' process ready, first calls of the analyzer and the classifier (lazy
+        initialisation), before traffic. Raises when the checks cannot run (the server then
+        does not become ready)."""
+        if self.guard is not None:
+            info = await self.guard.await_ready()
+            if self.pii is not None:
+                self.pii.adopt(info.get("pii", {}))
         if self.pii is not None:
             await self.pii.aredact("warm-up: write to jane.doe@example.com or call 212-555-0199")
         if self.filter is not None:
             await self.filter.check(["warm-up: is this an injection?"])
 
     async def close(self) -> None:
+        if self.guard is not None:
+            await asyncio.to_thread(self.guard.close)
         if self.health is not None:
             await self.health.close()
         if self.keys is not None:
@@ -247,37 +275,66 @@ def open_key_store(cfg) -> KeyStore:
     return KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
 
 
-def build_content_filter(cfg, metrics=None, load_classifier: bool = True) -> ContentFilter | None:
-    """Rules, plus the registered classifier named by gateway.filter.classifier (by alias)."""
+def registered_classifier(cfg, load: bool = True) -> tuple[Path | None, str | None]:
+    """(its folder, "name:version") of the classifier gateway.filter.classifier names, when the
+    filter is on and it is registered; (None, None) otherwise (rules only, with a warning, or
+    ServingSetupError with on_missing_classifier: fail)."""
+    f = cfg.gateway.filter
+    if (f.prompts == "off" and f.outputs == "off") or not f.classifier or not load:
+        return None, None
+    folder, model_id = registered_classifier_folder(cfg, f.classifier)
+    if folder is None:
+        if f.on_missing_classifier == "fail":
+            from components.serving.errors import ServingSetupError
+
+            raise ServingSetupError(f"gateway.filter.classifier {f.classifier!r} is not registered; train it "
+                                    "with `tuneloop filter train`")
+        log.warning("content filter: %s is not registered (train it with `tuneloop filter train`); "
+                    "rules only", f.classifier)
+    return folder, model_id
+
+
+def build_content_filter(cfg, metrics=None, classifier: tuple | None = None, guard=None) -> ContentFilter | None:
+    """Rules, plus the registered classifier (registered_classifier's (folder, model id); None:
+    looked up here): loaded in this process, or scored in `guard`'s process."""
     f = cfg.gateway.filter
     if f.prompts == "off" and f.outputs == "off":
         return None
     rules = RuleSet(f.rules, f.rules_version)
-    classifier, model_id = None, None
-    if f.classifier and load_classifier:
-        classifier, model_id = load_registered_classifier(cfg, f.classifier)
-        if classifier is None:
-            if f.on_missing_classifier == "fail":
-                from components.serving.errors import ServingSetupError
+    folder, model_id = classifier if classifier is not None else registered_classifier(cfg)
+    clf = None
+    if folder is not None:
+        from components.gateway.filter_model import InjectionClassifier, RemoteClassifier
 
-                raise ServingSetupError(f"gateway.filter.classifier {f.classifier!r} is not registered; train it "
-                                        "with `tuneloop filter train`")
-            log.warning("content filter: %s is not registered (train it with `tuneloop filter train`); "
-                        "rules only", f.classifier)
-    on_batch = on_texts = None
+        clf = RemoteClassifier(folder, guard, f.timeout_s) if guard is not None else InjectionClassifier.load(folder)
+    on_batch = on_texts = on_cpu = None
+    if metrics is not None and guard is None:  # in a process, the child's CPU comes through guard.on_cpu
+        on_cpu = metrics.cpu.labels(part="filter").inc
     if metrics is not None:
+
         def on_batch(n: int) -> None:
             metrics.filter_batch.observe(n)
 
         def on_texts(screened: int, encoded: int) -> None:
             metrics.filter_texts.labels(stage="screened").inc(screened)
             metrics.filter_texts.labels(stage="encoded").inc(encoded)
-    return ContentFilter(rules, classifier, f.threshold, model_id, f.max_batch_size, f.max_latency_ms, f.timeout_s,
-                         on_batch=on_batch, on_texts=on_texts)
+    return ContentFilter(rules, clf, f.threshold, model_id, f.max_batch_size, f.max_latency_ms, f.timeout_s,
+                         on_batch=on_batch, on_texts=on_texts, on_cpu=on_cpu)
 
 
 def load_registered_classifier(cfg, ref: str):
     """(InjectionClassifier, "name:version") for "name@alias" (or "name:version"); (None, None) if absent."""
+    folder, model_id = registered_classifier_folder(cfg, ref)
+    if folder is None:
+        return None, None
+    from components.gateway.filter_model import InjectionClassifier
+
+    return InjectionClassifier.load(folder), model_id
+
+
+def registered_classifier_folder(cfg, ref: str) -> tuple[Path | None, str | None]:
+    """(the local folder of "name@alias" or "name:version", downloaded once, "name:version");
+    (None, None) if it is not registered."""
     from components.registry import ModelRegistry
 
     name, sep, alias = ref.partition("@")
@@ -297,10 +354,8 @@ def load_registered_classifier(cfg, ref: str):
             raise ValueError(f"{name} version {info.version} has no classifier.json")
         if not folder.exists():
             found.parent.rename(folder)
-    from components.gateway.filter_model import InjectionClassifier
-
     log.info("content filter: classifier %s:%s (%s)", name, info.version, ref)
-    return InjectionClassifier.load(folder), f"{name}:{info.version}"
+    return folder, f"{name}:{info.version}"
 
 
 # ---------------------------------------------------------------------------------------

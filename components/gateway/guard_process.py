@@ -1,0 +1,364 @@
+"""The gateway's CPU-heavy checks in a child process: Presidio's analyses and the classifier.
+
+Both are Python that holds the GIL for a millisecond or more a call; in the server's
+process every such millisecond is taken from the engine's thread and the event loop (on the
+demo model the classifier and Presidio took 7 % of the server's CPU and, through the GIL,
+more of its throughput). Here they run in a child process, on another core, while the
+server only serialises strings:
+
+    GuardProcess(spec).start()   spawns `python -m components.gateway.guard_process <spec>`
+    .submit(op, payload)         -> concurrent.futures.Future (thread-safe, never blocks)
+    await .acall(op, payload, timeout_s)
+    .call(op, payload, timeout_s)
+
+One JSON line per request each way, with an id; the child answers in order. A writer
+thread feeds the child's stdin (so a stalled child never blocks the event loop) and starts
+a new child when the last one is gone; a reader thread resolves the futures. When the child
+exits every pending call fails at once (GuardFailed), and a call that times out while the
+child has answered nothing for as long kills it: the caller refuses the request (fails
+closed) and the next call gets a new child.
+
+Ops (the spec says what the child loads): ``find`` (a text -> its PII entities),
+``redact`` (texts -> redacted texts: the request log's writer), ``scores`` (texts -> the
+classifier's scores and how many the screen cleared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import queue
+import select
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Callable
+
+log = logging.getLogger("bentoml.tuneloop.gateway")
+
+START_TIMEOUT_S = 120.0  # building Presidio's analyzer takes seconds, more on a busy host
+
+
+class GuardFailed(Exception):
+    """The child failed this call: it errored, exited, did not start or did not answer."""
+
+
+class GuardProcess:
+    def __init__(self, spec: dict, name: str = "guard", start_timeout_s: float = START_TIMEOUT_S):
+        self.spec = dict(spec)
+        self.name = name
+        self.start_timeout_s = start_timeout_s
+        self.info: dict[str, Any] = {}  # what the child said when it was ready
+        self.on_cpu: dict[str, Callable[[float], None]] = {}  # op -> the child's CPU seconds per call
+        self.ready = threading.Event()
+        self.starts = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: dict[int, tuple[str, Future]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._proc: subprocess.Popen | None = None
+        self._last_answer = time.monotonic()
+        self._start_error: str | None = None
+        self._closed = False
+        self._writer: threading.Thread | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self, wait: bool = False) -> "GuardProcess":
+        """Start the writer thread, which spawns the child at once; wait: until it is ready
+        (GuardFailed if it cannot start)."""
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, daemon=True, name=f"tuneloop-{self.name}-writer")
+            self._writer.start()
+            self._queue.put(None)  # spawn now, not at the first call
+        if wait:
+            self.wait_ready(self.start_timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        if not self.ready.wait(timeout_s):
+            raise GuardFailed(self._start_error or f"the {self.name} process did not start within {timeout_s:g} s")
+        return self.info
+
+    async def await_ready(self, timeout_s: float | None = None) -> dict:
+        return await asyncio.to_thread(self.wait_ready, timeout_s or self.start_timeout_s)
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.stdin.close()
+                proc.wait(5)
+            except Exception:  # noqa: BLE001 - gone already, or does not stop: killed below
+                pass
+        self._kill("closed")
+
+    def cpu_seconds(self) -> float | None:
+        """CPU (user + system) the current child has used, where /proc tells (Linux)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    # ---- calls --------------------------------------------------------------------------
+    def submit(self, op: str, payload) -> Future:
+        fut: Future = Future()
+        if self._closed:
+            fut.set_exception(GuardFailed(f"the {self.name} process is closed"))
+            return fut
+        self._queue.put((op, payload, fut))
+        return fut
+
+    def call(self, op: str, payload, timeout_s: float):
+        fut = self.submit(op, payload)
+        try:
+            return fut.result(timeout_s)
+        except TimeoutError:
+            fut.cancel()
+            self._timed_out(timeout_s)
+            raise GuardFailed(f"the {self.name} process did not answer within {timeout_s:g} s") from None
+
+    async def acall(self, op: str, payload, timeout_s: float):
+        fut = self.submit(op, payload)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+        except TimeoutError:
+            fut.cancel()
+            self._timed_out(timeout_s)
+            raise GuardFailed(f"the {self.name} process did not answer within {timeout_s:g} s") from None
+
+    def _timed_out(self, timeout_s: float) -> None:
+        """A call ran out of time: if the child has answered nothing for as long, it is stuck
+        (not merely busy): kill it, so that the next call gets a new one."""
+        with self._lock:
+            stuck = self._pending and time.monotonic() - self._last_answer >= timeout_s
+        if stuck:
+            log.error("%s process: no answer for %.1f s with calls pending; restarting it", self.name, timeout_s)
+            self._kill("it stopped answering")
+
+    # ---- the threads --------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if self._closed:
+                self._fail_queued()
+                return
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                proc = self._spawn()
+            if item is None:
+                continue
+            op, payload, fut = item
+            if fut.done():  # cancelled: its caller gave up
+                continue
+            if proc is None:
+                _settle(fut, error=GuardFailed(f"the {self.name} process could not start: {self._start_error}"))
+                continue
+            rid = next(self._ids)
+            with self._lock:
+                self._pending[rid] = (op, fut)
+                if len(self._pending) == 1:
+                    self._last_answer = time.monotonic()  # the wait for an answer starts now
+            try:
+                proc.stdin.write(json.dumps({"id": rid, "op": op, "payload": payload}, ensure_ascii=False).encode()
+                                 + b"\n")
+                proc.stdin.flush()
+            except (OSError, ValueError) as exc:
+                self._kill(f"writing to it failed ({exc})")
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                _settle(item[2], error=GuardFailed(f"the {self.name} process is closed"))
+
+    def _spawn(self) -> subprocess.Popen | None:
+        """A new child, ready (None, with _start_error set, if it could not start)."""
+        self.ready.clear()
+        self.starts += 1
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "components.gateway.guard_process", json.dumps(self.spec)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            self._start_error = f"{type(exc).__name__}: {exc}"
+            return None
+        line = _read_line(proc, self.start_timeout_s)
+        try:
+            hello = json.loads(line) if line else {}
+        except ValueError:
+            hello = {}
+        if not hello.get("ready"):
+            self._start_error = hello.get("error") or (f"it did not say it was ready within {self.start_timeout_s:g} s"
+                                                       if proc.poll() is None else "it exited")
+            log.error("%s process: could not start: %s", self.name, self._start_error)
+            proc.kill()
+            proc.wait()
+            return None
+        self._proc, self.info, self._start_error = proc, hello, None
+        threading.Thread(target=self._read_loop, args=(proc,), daemon=True, name=f"tuneloop-{self.name}-reader").start()
+        self.ready.set()
+        if self.starts > 1:
+            log.warning("%s process: restarted (start %d)", self.name, self.starts)
+        return proc
+
+    def _read_loop(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            with self._lock:
+                op, fut = self._pending.pop(reply.get("id"), (None, None))
+                self._last_answer = time.monotonic()
+            if fut is None:
+                continue
+            on_cpu = self.on_cpu.get(op)
+            if on_cpu is not None and "cpu" in reply:
+                on_cpu(float(reply["cpu"]))
+            if "error" in reply:
+                _settle(fut, error=GuardFailed(reply["error"]))
+            else:
+                _settle(fut, result=reply.get("result"))
+        # EOF: the child is gone (killed, crashed, closed). Everything it had is lost.
+        proc.wait()
+        if self._proc is proc:
+            self._proc = None
+            self.ready.clear()
+        self._fail_pending(f"the {self.name} process exited (code {proc.returncode})")
+
+    def _kill(self, why: str) -> None:
+        proc, self._proc = self._proc, None
+        self.ready.clear()
+        if proc is not None:
+            try:
+                proc.kill()
+                proc.wait(5)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
+        self._fail_pending(f"the {self.name} process was stopped: {why}")
+
+    def _fail_pending(self, why: str) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for _, fut in pending.values():
+            _settle(fut, error=GuardFailed(why))
+
+
+def _settle(fut: Future, result=None, error: Exception | None = None) -> None:
+    """Resolve a future that its caller may have cancelled meanwhile (then nothing happens)."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> bytes:
+    """The child's first line, or b"" if it says nothing within timeout_s (or exits)."""
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return b""
+        chunk = os.read(fd, 1)  # byte by byte: what follows the first line is the reader thread's
+        if not chunk:
+            return b""
+        buf += chunk
+    return buf
+
+
+# ---------------------------------------------------------------------------------------
+# the child
+
+
+def _serve(spec: dict, stdin, stdout) -> None:
+    from pathlib import Path
+
+    ops: dict[str, Callable] = {}
+    hello: dict[str, Any] = {"ready": True, "pid": os.getpid()}
+    if spec.get("nice"):
+        try:
+            os.nice(int(spec["nice"]))  # background work (the request log): the server's generation first
+        except OSError:
+            pass
+    if spec.get("pii") is not None:
+        from components.config import PiiConfig
+        from components.gateway.pii import PiiRedactor
+
+        pii = PiiRedactor(PiiConfig.model_validate(spec["pii"]), Path(spec["cache_dir"]), spec.get("key_prefix", "tl-"))
+        ops["find"] = lambda text: [[e.entity_type, e.start, e.end, e.score] for e in pii.find(text)]
+        ops["redact"] = lambda texts: [pii.redact(t)[0] for t in texts]
+        hello["pii"] = {"prescreen": pii.prescreen, "early_emit": pii.early_emit}
+    if spec.get("classifier") is not None:
+        from components.gateway.filter_model import InjectionClassifier
+
+        try:
+            import torch
+
+            torch.set_num_threads(1)  # an encoder classifier: one core beside the engine's
+        except ImportError:  # pragma: no cover
+            pass
+        clf = InjectionClassifier.load(Path(spec["classifier"]))
+        clf.scores(["warm-up: is this an injection?"])
+
+        def scores(texts):
+            before = (clf.screened_out, clf.encoded)
+            values = clf.scores(texts)
+            return {"scores": [float(v) for v in values], "screened": clf.screened_out - before[0],
+                    "encoded": clf.encoded - before[1]}
+
+        ops["scores"] = scores
+        hello["classifier"] = {"method": clf.method, "threshold": clf.threshold}
+    stdout.write(json.dumps(hello).encode() + b"\n")
+    stdout.flush()
+    for line in stdin:
+        request = json.loads(line)
+        cpu = time.thread_time()
+        try:
+            reply = {"id": request["id"], "result": ops[request["op"]](request["payload"])}
+        except Exception as exc:  # noqa: BLE001 - the caller refuses the request
+            reply = {"id": request["id"], "error": f"{type(exc).__name__}: {exc}"}
+        reply["cpu"] = time.thread_time() - cpu
+        stdout.write(json.dumps(reply, ensure_ascii=False).encode() + b"\n")
+        stdout.flush()
+
+
+def _main() -> None:  # pragma: no cover - runs in the child (tested through GuardProcess)
+    out = sys.stdout.buffer
+    try:
+        spec = json.loads(sys.argv[1])
+        _serve(spec, sys.stdin.buffer, out)
+    except Exception as exc:  # noqa: BLE001 - before "ready": the parent reports it
+        try:
+            out.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
+            out.flush()
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    _main()
