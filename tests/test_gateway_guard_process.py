@@ -159,3 +159,16 @@ def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tm
             await g.close()
 
     asyncio.run(main())
+
+
+def test_a_child_that_cannot_start_says_why_and_calls_fail_at_once(tmp_path):
+    guard = GuardProcess({"pii": None, "classifier": str(tmp_path / "no-such-classifier")}).start()
+    try:
+        with pytest.raises(GuardFailed, match="no-such-classifier"):
+            guard.wait_ready(60)
+        t = time.perf_counter()
+        with pytest.raises(GuardFailed, match="could not start: FileNotFoundError"):
+            guard.call("scores", ["x"], 30)
+        assert time.perf_counter() - t < 5  # refused at once (a retry waits a moment), not at the timeout
+    finally:
+        guard.close()

@@ -58,12 +58,14 @@ class GuardProcess:
         self.ready = threading.Event()
         self.starts = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: dict[int, tuple[str, Future]] = {}
+        self._pending: dict[int, tuple[str, Future, subprocess.Popen]] = {}  # id -> (op, future, child)
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._proc: subprocess.Popen | None = None
         self._last_answer = time.monotonic()
         self._start_error: str | None = None
+        self._retry_at = 0.0  # after a failed start: calls fail at once until then
+        self._failed_starts = 0
         self._closed = False
         self._writer: threading.Thread | None = None
 
@@ -80,8 +82,11 @@ class GuardProcess:
         return self
 
     def wait_ready(self, timeout_s: float) -> dict:
-        if not self.ready.wait(timeout_s):
-            raise GuardFailed(self._start_error or f"the {self.name} process did not start within {timeout_s:g} s")
+        """What the child said when it was ready; GuardFailed as soon as a start fails, or at the timeout."""
+        failed, deadline = self._failed_starts, time.monotonic() + timeout_s
+        while not self.ready.wait(0.05):
+            if self._failed_starts != failed or time.monotonic() > deadline:
+                raise GuardFailed(self._start_error or f"the {self.name} process did not start within {timeout_s:g} s")
         return self.info
 
     async def await_ready(self, timeout_s: float | None = None) -> dict:
@@ -156,22 +161,24 @@ class GuardProcess:
         while True:
             item = self._queue.get()
             if self._closed:
+                if item is not None:
+                    _settle(item[2], error=GuardFailed(f"the {self.name} process is closed"))
                 self._fail_queued()
                 return
             proc = self._proc
-            if proc is None or proc.poll() is not None:
+            if (proc is None or proc.poll() is not None) and time.monotonic() >= self._retry_at:
                 proc = self._spawn()
             if item is None:
                 continue
             op, payload, fut = item
             if fut.done():  # cancelled: its caller gave up
                 continue
-            if proc is None:
+            if proc is None or proc.poll() is not None:
                 _settle(fut, error=GuardFailed(f"the {self.name} process could not start: {self._start_error}"))
                 continue
             rid = next(self._ids)
             with self._lock:
-                self._pending[rid] = (op, fut)
+                self._pending[rid] = (op, fut, proc)
                 if len(self._pending) == 1:
                     self._last_answer = time.monotonic()  # the wait for an answer starts now
             try:
@@ -179,7 +186,7 @@ class GuardProcess:
                                  + b"\n")
                 proc.stdin.flush()
             except (OSError, ValueError) as exc:
-                self._kill(f"writing to it failed ({exc})")
+                self._kill(f"writing to it failed ({exc})", proc)
 
     def _fail_queued(self) -> None:
         while True:
@@ -200,26 +207,30 @@ class GuardProcess:
             proc = subprocess.Popen([sys.executable, "-m", "components.gateway.guard_process", json.dumps(self.spec)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         except OSError as exc:
-            self._start_error = f"{type(exc).__name__}: {exc}"
-            return None
+            return self._start_failed(f"{type(exc).__name__}: {exc}")
         line = _read_line(proc, self.start_timeout_s)
         try:
             hello = json.loads(line) if line else {}
         except ValueError:
             hello = {}
         if not hello.get("ready"):
-            self._start_error = hello.get("error") or (f"it did not say it was ready within {self.start_timeout_s:g} s"
-                                                       if proc.poll() is None else "it exited")
-            log.error("%s process: could not start: %s", self.name, self._start_error)
+            why = hello.get("error") or (f"it did not say it was ready within {self.start_timeout_s:g} s"
+                                         if proc.poll() is None else "it exited")
             proc.kill()
             proc.wait()
-            return None
+            return self._start_failed(why)
         self._proc, self.info, self._start_error = proc, hello, None
         threading.Thread(target=self._read_loop, args=(proc,), daemon=True, name=f"tuneloop-{self.name}-reader").start()
         self.ready.set()
         if self.starts > 1:
             log.warning("%s process: restarted (start %d)", self.name, self.starts)
         return proc
+
+    def _start_failed(self, why: str) -> None:
+        self._start_error = why
+        self._retry_at = time.monotonic() + 2.0  # not a start per queued call
+        self._failed_starts += 1
+        log.error("%s process: could not start: %s", self.name, why)
 
     def _read_loop(self, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
@@ -228,7 +239,7 @@ class GuardProcess:
             except ValueError:
                 continue
             with self._lock:
-                op, fut = self._pending.pop(reply.get("id"), (None, None))
+                op, fut, _ = self._pending.pop(reply.get("id"), (None, None, None))
                 self._last_answer = time.monotonic()
             if fut is None:
                 continue
@@ -244,23 +255,29 @@ class GuardProcess:
         if self._proc is proc:
             self._proc = None
             self.ready.clear()
-        self._fail_pending(f"the {self.name} process exited (code {proc.returncode})")
+        self._fail_pending(f"the {self.name} process exited (code {proc.returncode})", proc)
 
-    def _kill(self, why: str) -> None:
-        proc, self._proc = self._proc, None
-        self.ready.clear()
-        if proc is not None:
-            try:
-                proc.kill()
-                proc.wait(5)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
-        self._fail_pending(f"the {self.name} process was stopped: {why}")
+    def _kill(self, why: str, proc: subprocess.Popen | None = None) -> None:
+        """Stop `proc` (default: the current child) and fail what it still owed."""
+        proc = proc or self._proc
+        if proc is None:
+            return
+        if self._proc is proc:
+            self._proc = None
+            self.ready.clear()
+        try:
+            proc.kill()
+            proc.wait(5)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+        self._fail_pending(f"the {self.name} process was stopped: {why}", proc)
 
-    def _fail_pending(self, why: str) -> None:
+    def _fail_pending(self, why: str, proc: subprocess.Popen) -> None:
+        """Fail the calls written to `proc` (those of a later child are its own business)."""
         with self._lock:
-            pending, self._pending = self._pending, {}
-        for _, fut in pending.values():
+            owed = [rid for rid, (_, _, p) in self._pending.items() if p is proc]
+            futures = [self._pending.pop(rid)[1] for rid in owed]
+        for fut in futures:
             _settle(fut, error=GuardFailed(why))
 
 
