@@ -391,13 +391,15 @@ class FilterConfig(Section):
     # prompts outside that set (the filter flow reports it as everyday_fpr).
     classifier_action: Switch("block", "annotate") = "annotate"
     # Answers are checked by the rules; by the classifier too only when this is on (it is a
-    # prompt-injection detector, and one encoder pass per answer sentence costs as much CPU
-    # as the tiny demo model's generation: measured in benchmarks/gateway.py).
+    # prompt-injection detector, not an answer checker).
     classify_outputs: bool = False
     outputs: Switch("off", "annotate", "block") = "annotate"
-    # /v1/moderations and prompt checks batch their classifier work.
+    # /v1/moderations and prompt checks batch their classifier work: the checks that arrive
+    # while a batch runs form the next one (up to max_batch_size). A batch that is not full
+    # waits max_latency_ms for more before it starts; 0: it starts at once (the default: a
+    # served check costs ~0.4 ms, so waiting would only add to every prompt's latency).
     max_batch_size: int = Field(32, ge=1)
-    max_latency_ms: float = Field(5.0, ge=0)
+    max_latency_ms: float = Field(0.0, ge=0)
     # A check's deadline from its submission, its wait for a batch and the CPU included: a
     # classifier that errors or hangs refuses the request. 5 s refused 2 of 3,186 streams in
     # make demo-smollm2 while a retrain shared the two cores.
