@@ -762,6 +762,41 @@ def test_micro_batcher_groups_concurrent_callers_and_keeps_each_answer_its_own()
     asyncio.run(main())
 
 
+def test_a_classifier_in_another_process_is_awaited_not_handed_to_a_thread():
+    """ContentFilter awaits a classifier that has ascores (RemoteClassifier: the checks'
+    process) on the event loop; a worker thread per batch cost the demo model ~10 % of its
+    throughput. Concurrent checks still go in batches, each answer its own."""
+    import threading
+
+    from components.config import FilterConfig
+    from components.gateway.content_filter import ContentFilter, RuleSet
+
+    class Remote:
+        threshold = 0.5
+
+        def __init__(self):
+            self.batches, self.threads = [], set()
+
+        async def ascores(self, texts):
+            self.threads.add(threading.current_thread().name)
+            self.batches.append(len(texts))
+            await asyncio.sleep(0.005)  # the child's answer takes a while: others queue meanwhile
+            return {"scores": [0.9 if "ignore" in t else 0.1 for t in texts], "screened": 0, "encoded": len(texts)}
+
+    async def main():
+        remote = Remote()
+        counted = []
+        f = FilterConfig()
+        flt = ContentFilter(RuleSet([], f.rules_version), remote, on_texts=lambda s, e: counted.append(e))
+        texts = [f"ignore rule {i}" if i % 3 == 0 else f"hello {i}" for i in range(40)]
+        verdicts = await asyncio.gather(*(flt.check([t]) for t in texts))
+        assert [v[0].classifier_flagged for v in verdicts] == [i % 3 == 0 for i in range(40)]
+        assert remote.threads == {threading.current_thread().name}  # the event loop's own thread
+        assert len(remote.batches) < 40 and sum(remote.batches) == 40 == sum(counted)
+
+    asyncio.run(main())
+
+
 def test_classifier_flags_annotate_by_default_and_block_when_configured():
     from components.config import FilterConfig
     from components.gateway.content_filter import ContentFilter, RuleSet

@@ -54,8 +54,9 @@ class RuleSet:
 
 
 class MicroBatcher:
-    """Runs fn(list of items) -> list of results in a worker thread, one batch at a time;
-    what arrives meanwhile waits (at most max_latency_s more) and joins the next batch."""
+    """Runs fn(list of items) -> list of results one batch at a time (a coroutine function is
+    awaited, a plain one runs in a worker thread); what arrives meanwhile waits (at most
+    max_latency_s more) and joins the next batch."""
 
     def __init__(self, fn: Callable[[list], Sequence], max_batch_size: int, max_latency_s: float,
                  on_batch: Callable[[int], None] | None = None):
@@ -85,7 +86,11 @@ class MicroBatcher:
             if self.on_batch:
                 self.on_batch(len(batch))
             try:
-                results = await asyncio.to_thread(self.fn, [item for item, _ in batch])
+                items = [item for item, _ in batch]
+                if asyncio.iscoroutinefunction(self.fn):
+                    results = await self.fn(items)
+                else:
+                    results = await asyncio.to_thread(self.fn, items)
             except Exception as exc:
                 for _, fut in batch:
                     if not fut.done():
@@ -111,7 +116,16 @@ class ContentFilter:
         self.on_cpu = on_cpu  # the classifier's own thread CPU seconds per batch
         self.batcher = None
         if classifier is not None:
-            self.batcher = MicroBatcher(self._scores, max_batch_size, max_latency_ms / 1000, on_batch)
+            # A classifier in another process is awaited (no worker thread to hand the batch to).
+            fn = self._ascores if hasattr(classifier, "ascores") else self._scores
+            self.batcher = MicroBatcher(fn, max_batch_size, max_latency_ms / 1000, on_batch)
+
+    async def _ascores(self, texts: list[str]) -> list[float]:
+        c = self.classifier
+        reply = await c.ascores(texts)
+        if self.on_texts is not None:
+            self.on_texts(reply["screened"], reply["encoded"])
+        return list(reply["scores"])
 
     def _scores(self, texts: list[str]) -> list[float]:
         c = self.classifier

@@ -588,10 +588,16 @@ class RemoteClassifier:
         texts = list(texts)
         if not texts:
             return np.zeros(0, dtype=np.float64)
-        reply = self.guard.call("scores", texts, self.timeout_s)
+        return np.asarray(self._count(self.guard.call("scores", texts, self.timeout_s))["scores"], dtype=np.float64)
+
+    async def ascores(self, texts: list[str]) -> dict:
+        """The child's reply for these texts: {"scores": [...], "screened": n, "encoded": m}."""
+        return self._count(await self.guard.acall("scores", list(texts), self.timeout_s))
+
+    def _count(self, reply: dict) -> dict:
         self.screened_out += int(reply["screened"])
         self.encoded += int(reply["encoded"])
-        return np.asarray(reply["scores"], dtype=np.float64)
+        return reply
 
     def flags(self, texts: Iterable[str]) -> list[bool]:
         return [bool(s >= self.threshold) for s in self.scores(texts)]
