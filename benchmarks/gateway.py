@@ -122,6 +122,10 @@ def main() -> None:
     parser.add_argument("--systems", default="off,on,cache",
                         help="which to run: off,on,cache (the default), and for attribution on-no-classifier, "
                              "on-no-pii, on-no-auth, on-checks-in-thread")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="servers per system, taking the rounds in turn: two servers of the same system "
+                             "differ by up to ~7 %% on the demo model (the off-again system measures it), so "
+                             "several average that out")
     parser.add_argument("--serving", action="append", default=[], metavar="KEY=VALUE",
                         help="a serving setting for every server (repeatable), e.g. dtype=bfloat16")
     args = parser.parse_args()
@@ -178,32 +182,37 @@ def main() -> None:
             systems["on-no-pii"] = {**on_env, "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}"}
             systems["on-no-auth"] = {**on_env, "TUNELOOP__GATEWAY__AUTH": "off"}
             systems["on-checks-in-thread"] = {**on_env, "TUNELOOP__GATEWAY__CHECKS_IN": "thread"}
+            # A second server of `off`: how far two servers of the same system differ (an A/A check).
+            systems["off-again"] = {**GATEWAY_OFF}
             wanted = args.systems.split(",")
             unknown = sorted(set(wanted) - set(systems))
             if unknown:
                 raise SystemExit(f"--systems: unknown {unknown} ({', '.join(systems)})")
             systems = {n: e for n, e in systems.items() if n in wanted}
-            urls, pids = {}, {}
+            urls: dict[str, list[str]] = {}
+            pids: dict[str, list[int]] = {}
             for name, extra in systems.items():
-                port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
-                       "--port", str(port)]
-                print(f"{name}: starting bentoml serve on {url} ...", flush=True)
-                # Each server its own BENTOML_HOME: a starting server clears the Prometheus
-                # multiprocess folder under it, which would wipe the metrics of those before it.
-                own = {"BENTOML_HOME": str(work / f"bentoml-{name}")}
-                proc = stack.enter_context(service(cmd, f"{url}/readyz", work / f"serve-{name}.log",
-                                                   env={**base_env, **extra, **own}, timeout=300, cwd=ROOT))
-                urls[name], pids[name] = url, proc.pid
+                for i in range(args.instances):
+                    port = free_port()
+                    url = f"http://127.0.0.1:{port}"
+                    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host",
+                           "127.0.0.1", "--port", str(port)]
+                    print(f"{name}: starting bentoml serve on {url} ...", flush=True)
+                    # Each server its own BENTOML_HOME: a starting server clears the Prometheus
+                    # multiprocess folder under it, which would wipe the metrics of those before it.
+                    own = {"BENTOML_HOME": str(work / f"bentoml-{name}-{i}")}
+                    proc = stack.enter_context(service(cmd, f"{url}/readyz", work / f"serve-{name}-{i}.log",
+                                                       env={**base_env, **extra, **own}, timeout=300, cwd=ROOT))
+                    urls.setdefault(name, []).append(url)
+                    pids.setdefault(name, []).append(proc.pid)
             headers = {"Authorization": f"Bearer {key}"}
 
-            def run_round(name: str, reqs, seed: int):
+            def run_round(name: str, reqs, seed: int, url: str):
                 async def send(client, req):
                     return await send_chat_stream_seeded(client, req, seed)
 
                 async def go():
-                    client = Client(urls[name], None if name in ("off", "on-no-auth") else headers)
+                    client = Client(url, None if name in ("off", "off-again", "on-no-auth") else headers)
                     try:
                         return await run_workload(reqs, lambda r: send(client, r), args.concurrency,
                                                   args.request_rate, args.seed, name)
@@ -216,18 +225,22 @@ def main() -> None:
             rounds: dict[str, list[dict]] = {n: [] for n in systems}
             hit_rates = []
             for r in range(1, args.rounds + 1):
+                inst = (r - 1) % args.instances  # each system's servers take the rounds in turn
                 for name in (list(systems) if r % 2 else list(systems)[::-1]):  # A B C, C B A, ...
-                    wait_until_quiet(args.wait_quiet)
+                    # Quiet, the other servers included: one whose request log is still redacting
+                    # the last round's texts (in its niced child) would slow this round's server.
+                    wait_until_quiet(args.wait_quiet, busy_cores=0.1)
+                    url, pid = urls[name][inst], pids[name][inst]
                     seed = 1000 * r + list(systems).index(name)  # fresh cache keys every round (greedy: same tokens)
                     if name == "cache":
                         warm = rng.sample(requests, int(HIT_RATE * len(requests)))
-                        run_round(name, warm, seed)  # answered once before the round: these hit
-                        before = cache_hits(urls[name])
+                        run_round(name, warm, seed, url)  # answered once before the round: these hit
+                        before = cache_hits(url)
                     extra: dict = {}
-                    counters = scrape(urls[name])
-                    with measured(extra, pids[name]):
-                        res, duration = run_round(name, requests, seed)
-                    counters = {k: v - counters[k] for k, v in scrape(urls[name]).items()}
+                    counters = scrape(url)
+                    with measured(extra, pid):
+                        res, duration = run_round(name, requests, seed, url)
+                    counters = {k: v - counters[k] for k, v in scrape(url).items()}
                     # What the gateway's heavy parts took, as shares of the round: an encoder
                     # classifier runs in turns with the engine (its wall time is the engine's
                     # loss), Presidio and the classifier's own work beside it (their CPU over
@@ -241,7 +254,7 @@ def main() -> None:
                                           f"classifier {extra['filter_cpu_share']:.1%} and Presidio "
                                           f"{extra['pii_cpu_share']:.1%} of the server's CPU"]
                     if name == "cache":
-                        hit_rates.append((cache_hits(urls[name]) - before) / len(requests))
+                        hit_rates.append((cache_hits(url) - before) / len(requests))
                         extra["notes"].append(f"cache hits this round: {hit_rates[-1]:.0%}")
                     rounds[name].append(summarize(f"gateway {name}", requests, res, duration, extra))
                     print(f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s",
@@ -263,8 +276,8 @@ def main() -> None:
                     args.json.write_text(json.dumps(results, indent=2, default=str))
                 return
             # cache-hit latency, one request at a time on a quiet server
-            hit_ms = asyncio.run(hit_latency(urls["cache"], headers, requests[:20]))
-            moderation = asyncio.run(moderation_throughput(urls["on"], headers))
+            hit_ms = asyncio.run(hit_latency(urls["cache"][0], headers, requests[:20]))
+            moderation = asyncio.run(moderation_throughput(urls["on"][0], headers))
 
         # cache/on paired by round too (round i of both back to back)
         cache_on = statistics.median(a["output_throughput"] / b["output_throughput"]
