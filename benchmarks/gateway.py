@@ -140,6 +140,19 @@ def main() -> None:
     requests = build_workload(args.data, tokenizer, args.num_requests, args.min_tokens, args.max_tokens, args.seed)
     for r in requests:
         r.ignore_eos = args.ignore_eos
+    if not {"max_model_len", "kv_cache_tokens", "kv_cache_gib"} & set(args.serving):
+        # Without a budget each server's KV cache takes 20 % of the memory available when it
+        # starts: six SmolLM2 servers took ~20 of 24 GiB, and the last one started ran at half
+        # speed (the page cache gone, its code paged in again and again). The workload needs
+        # its longest request (+ room for a redacted prompt's longer placeholders) per slot.
+        need = max(len(r.prompt_ids) + r.max_tokens for r in requests) + 64
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_dir)
+        window = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or need
+        args.serving["max_model_len"] = str(min(window, -(-need // 256) * 256))
+        print(f"each server's KV slots hold {args.serving['max_model_len']} tokens (--serving max_model_len=N "
+              "to change)", flush=True)
     work = Path(tempfile.mkdtemp(prefix="tuneloop-gateway-bench-"))
     results: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     try:
@@ -206,6 +219,7 @@ def main() -> None:
                     urls.setdefault(name, []).append(url)
                     pids.setdefault(name, []).append(proc.pid)
             headers = {"Authorization": f"Bearer {key}"}
+            memory_check(results)
 
             def run_round(name: str, reqs, seed: int, url: str):
                 async def send(client, req):
@@ -313,6 +327,22 @@ def cost_of(rounds: list[dict], off_rounds: list[dict]) -> dict:
             "filter_turn_share": statistics.median(r.get("filter_turn_share", 0.0) for r in rounds),
             "pii_cpu_share": statistics.median(r.get("pii_cpu_share", 0.0) for r in rounds),
             "filter_cpu_share": statistics.median(r.get("filter_cpu_share", 0.0) for r in rounds)}
+
+
+def memory_check(results: dict) -> None:
+    """Say how much memory every server left: a host short of it pages the servers' code in
+    and out, and the last servers started run at a fraction of their speed."""
+    from components.serving.slots import available_memory_bytes
+
+    available = available_memory_bytes()
+    if available is None:
+        return
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    results["memory_available_gib"] = available / 2**30
+    print(f"memory available with every server up: {available / 2**30:.1f} of {total / 2**30:.1f} GiB", flush=True)
+    if available < 0.15 * total:
+        print("  WARNING: under 15 % of memory left; the servers may slow each other down (fewer --instances or "
+              "--systems, or --serving max_model_len=N)", flush=True)
 
 
 async def send_chat_stream_seeded(client: Client, req, seed: int):
