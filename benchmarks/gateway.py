@@ -19,7 +19,9 @@ does the same work) against `bentoml serve` with the slots engine:
          the round (the seed's hit rate), the rest are new. Each round uses a fresh seed,
          so no round reuses another's answers.
   on-no-classifier, on-no-pii, on-no-auth (only when named in --systems): `on` less one
-         part, to attribute the cost; on-checks-in-thread: `on` with Presidio and the
+         part, to attribute the cost; on-no-checks: neither PII nor the classifier (keys,
+         limits and rules only: no checks' process); on-no-redis: limits in the server's
+         memory instead of Redis; on-checks-in-thread: `on` with Presidio and the
          classifier in the server's process (gateway.checks_in: thread).
 Rounds go round-robin over the systems, every other round in reverse order; a system's
 cost is the median of its per-round throughput ratios to `off` (round i of both ran back to
@@ -121,7 +123,7 @@ def main() -> None:
                         help="the filter classifier's method (default: the shipped gateway.filter_training one)")
     parser.add_argument("--systems", default="off,on,cache",
                         help="which to run: off,on,cache (the default), and for attribution on-no-classifier, "
-                             "on-no-pii, on-no-auth, on-checks-in-thread")
+                             "on-no-pii, on-no-auth, on-no-checks, on-no-redis, on-checks-in-thread")
     parser.add_argument("--instances", type=int, default=1,
                         help="servers per system, taking the rounds in turn: two servers of the same system "
                              "differ by up to ~7 %% on the demo model (the off-again system measures it), so "
@@ -194,6 +196,9 @@ def main() -> None:
             systems["on-no-classifier"] = {**on_env, "TUNELOOP__GATEWAY__FILTER": "{classifier: null}"}
             systems["on-no-pii"] = {**on_env, "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}"}
             systems["on-no-auth"] = {**on_env, "TUNELOOP__GATEWAY__AUTH": "off"}
+            systems["on-no-redis"] = {"TUNELOOP__GATEWAY__CACHE": "{enabled: false}"}  # limits in process
+            systems["on-no-checks"] = {**on_env, "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}",
+                                       "TUNELOOP__GATEWAY__FILTER": "{classifier: null}"}
             systems["on-checks-in-thread"] = {**on_env, "TUNELOOP__GATEWAY__CHECKS_IN": "thread"}
             # A second server of `off`: how far two servers of the same system differ (an A/A check).
             systems["off-again"] = {**GATEWAY_OFF}
