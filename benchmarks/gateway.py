@@ -74,6 +74,7 @@ from benchmarks.serving import (  # noqa: E402
     summarize,
     wait_until_quiet,
 )
+from components.formatting import context_window  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
 
 HIT_RATE = 0.4
@@ -150,8 +151,7 @@ def main() -> None:
         need = max(len(r.prompt_ids) + r.max_tokens for r in requests) + 64
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model_dir)
-        window = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or need
+        window = context_window(AutoConfig.from_pretrained(model_dir), tokenizer) or need
         args.serving["max_model_len"] = str(min(window, -(-need // 256) * 256))
         print(f"each server's KV slots hold {args.serving['max_model_len']} tokens (--serving max_model_len=N "
               "to change)", flush=True)
@@ -231,7 +231,8 @@ def main() -> None:
                     return await send_chat_stream_seeded(client, req, seed)
 
                 async def go():
-                    client = Client(url, None if name in ("off", "off-again", "on-no-auth") else headers)
+                    keyless = systems[name].get("TUNELOOP__GATEWAY__AUTH") == "off"
+                    client = Client(url, None if keyless else headers)
                     try:
                         return await run_workload(reqs, lambda r: send(client, r), args.concurrency,
                                                   args.request_rate, args.seed, name)

@@ -146,12 +146,9 @@ def load_for_eval(model_ref: str | Path):
 
 
 def _context_length(model) -> int:
-    cfg = model.config
-    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 2048
+    from components.formatting import context_window
+
+    return context_window(model.config) or 2048
 
 
 def _stop_ids(tokenizer) -> list[int]:

@@ -14,6 +14,7 @@ rules that name it), plus `prompt_injection`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class MicroBatcher:
     def __init__(self, fn: Callable[[list], Sequence], max_batch_size: int, max_latency_s: float,
                  on_batch: Callable[[int], None] | None = None):
         self.fn = fn
+        self._awaitable = inspect.iscoroutinefunction(fn)
         self.max_batch_size = max_batch_size
         self.max_latency_s = max_latency_s
         self.on_batch = on_batch
@@ -87,7 +89,7 @@ class MicroBatcher:
                 self.on_batch(len(batch))
             try:
                 items = [item for item, _ in batch]
-                if asyncio.iscoroutinefunction(self.fn):
+                if self._awaitable:
                     results = await self.fn(items)
                 else:
                     results = await asyncio.to_thread(self.fn, items)
