@@ -76,7 +76,8 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded):
     specs = many_specs(loaded)
     sizes: list[int] = []
     engines: list = []
-    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines, forward="fused")
+    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, burst=8, sizes=sizes, engine_out=engines,
+                        forward="fused")
     assert engines[0].forward_name == "fused" and not engines[0].compiled
     assert_greedy_matches(loaded, specs, results)
     assert 4 <= max(sizes) <= 8 and len(set(sizes)) > 3  # requests took turns for 8 slots

@@ -32,14 +32,16 @@ def loaded(tmp_path_factory):
 
 
 def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None,
-              decode_attention="kernel", forward="transformers", **engine_kw):
+              decode_attention="kernel", forward="transformers", burst=0, **engine_kw):
     """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
 
     forward: transformers' (what this file tests: padded prefill, the decoding kernel, sdpa,
     torch.compile) unless asked otherwise (test_fused_forward.py asks for the fused one).
 
     stagger_s > 0: requests arrive at random times within it (seeded), so newcomers join
-    a running batch and are prefilled between other rows' decoding steps.
+    a running batch and are prefilled between other rows' decoding steps. burst: the first
+    that many arrive together, so the batch fills however fast the machine finishes requests
+    (staggered alone, a fast one can answer each before the next arrives).
     """
     from components.serving.engine import GenerationStream
     from components.serving.slots import SlotEngine
@@ -53,7 +55,8 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
         rng = random.Random(0)
 
         async def one(i, ids, params):
-            await asyncio.sleep(rng.random() * stagger_s)
+            delay = rng.random() * stagger_s
+            await asyncio.sleep(0 if i < burst else delay)
             stream = GenerationStream(f"s{i}", ids, params)
             engine.submit(stream)
             return await collect(stream)
@@ -94,7 +97,7 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded, decode_att
     specs = many_specs(loaded)
     sizes: list[int] = []
     engines: list = []
-    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, sizes=sizes, engine_out=engines,
+    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, burst=8, sizes=sizes, engine_out=engines,
                         decode_attention=decode_attention)
     assert_greedy_matches(loaded, specs, results)
     assert engines[0].kernel is (decode_attention == "kernel")  # the kernel was built and used here
