@@ -9,7 +9,13 @@ for one process.
 
 Tokens are reserved before generation (prompt + max_tokens) and the unused part is refunded
 when the response ends; `acquire` takes requests and tokens together, so a call either gets
-both or neither.
+both or neither (a generation request takes its request and its tokens in one call).
+`refund_later` gives tokens back without a call of its own: RedisLimiter sends them with the
+key's next call from this process, or within REFUND_DELAY_S when none comes (other
+replicas see them that much later, which only ever errs towards the limit).
+`certain_refusal` says, without a call, when one more request cannot pass: the requests
+bucket as last seen here, refilled since, holds less than one (other replicas can only have
+taken more), so a client over its limit is refused before any work is done for it.
 
 A Redis that fails or hangs is noticed within `redis_timeout_s` (socket timeouts, no
 retries) and trips a circuit breaker (components/gateway/redis_health.py); what happens
@@ -19,6 +25,7 @@ per replica while Redis is away), `closed` refuses with 503.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import OrderedDict
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 from components.gateway.redis_health import RedisHealth, RedisUnavailable
 
 WINDOW_S = 60.0
+REFUND_DELAY_S = 0.05  # longest a refund waits for the key's next call (RedisLimiter)
 
 
 @dataclass(frozen=True)
@@ -100,9 +108,27 @@ class MemoryLimiter:
         return self._decision(allowed, limits, b, wait, by)
 
     async def refund(self, key: str, limits: Limits, tokens: int) -> None:
+        self.refund_later(key, limits, tokens)
+
+    def refund_later(self, key: str, limits: Limits, tokens: int) -> None:
         if tokens > 0:
             b = self._bucket(key, limits, time.monotonic())
             b[2] = min(float(limits.tokens_per_minute), b[2] + tokens)
+
+    def certain_refusal(self, key: str, limits: Limits) -> Decision | None:
+        """The refusal of one more request when no request unit is left now (nothing taken)."""
+        b = self._buckets.get(key)
+        if b is None:
+            return None
+        now = time.monotonic()
+        level = _refill(b[0], b[1], now, limits.requests_per_minute)
+        if level >= 1:
+            return None
+        tokens = _refill(b[2], b[3], now, limits.tokens_per_minute)
+        return _refusal(limits, level, tokens, self.source)
+
+    async def close(self) -> None:
+        pass
 
     def _decision(self, allowed, limits, b, wait, by) -> Decision:
         return Decision(allowed, limits, int(b[0]), int(b[2]),
@@ -111,9 +137,17 @@ class MemoryLimiter:
                         wait, by, self.source)
 
 
+def _refusal(limits: Limits, requests_level: float, tokens_level: float, source: str) -> Decision:
+    """A refusal by the requests bucket at these levels (requests_level < 1)."""
+    rl, tl = limits.requests_per_minute, limits.tokens_per_minute
+    return Decision(False, limits, 0, int(tokens_level), (rl - requests_level) * WINDOW_S / rl,
+                    (tl - tokens_level) * WINDOW_S / tl, (1 - requests_level) * WINDOW_S / rl, "requests", source)
+
+
 # KEYS[1]: the key's bucket hash. ARGV: requests limit, tokens limit, requests cost, tokens
-# cost, mode ("acquire" | "refund"). Levels refill on Redis's clock; the hash expires once
-# both buckets would be full again (no memory kept for idle keys).
+# cost, mode ("acquire" | "refund"), tokens refunded first (acquire: refunds sent along).
+# Levels refill on Redis's clock; the hash expires once both buckets would be full again
+# (no memory kept for idle keys).
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -125,6 +159,8 @@ if r == nil then r = rl; k = tl; ts = now end
 local dt = math.max(0, now - ts)
 r = math.min(rl, r + dt * rl / 60)
 k = math.min(tl, k + dt * tl / 60)
+local back = tonumber(ARGV[6] or '0')
+if back > 0 then k = math.min(tl, k + back) end
 local allowed = 1
 if ARGV[5] == 'refund' then
   k = math.min(tl, k + tc)
@@ -150,23 +186,39 @@ class RedisLimiter:
         self.namespace = namespace
         self.fallback = MemoryLimiter(source="fallback")
         self._script = None
+        self._refunds: dict[str, list] = {}  # key -> [limits, tokens]: refunds not sent yet
+        self._flush: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task] = set()
+        # key -> (requests level, tokens level, local time just before the call that saw them,
+        # limits): what certain_refusal reads. At most max_keys (least recently used go first).
+        self._seen: OrderedDict[str, tuple[float, float, float, Limits]] = OrderedDict()
+        self.max_keys = 100_000
 
-    async def _run(self, key: str, limits: Limits, requests: int, tokens: int, mode: str):
+    async def _run(self, key: str, limits: Limits, requests: int, tokens: int, mode: str, back: int = 0):
         client = self.health.client
         if self._script is None:
             self._script = client.register_script(_SCRIPT)
         return await self.health.call(
             self._script(keys=[self.namespace + key],
-                         args=[limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, mode]))
+                         args=[limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, mode, back]))
 
     async def acquire(self, key: str, limits: Limits, requests: int = 1, tokens: int = 0) -> Decision:
+        pending = self._refunds.pop(key, None)
+        back = pending[1] if pending is not None else 0
+        sent_at = time.monotonic()
         try:
-            allowed, r, k = await self._run(key, limits, requests, tokens, "acquire")
+            allowed, r, k = await self._run(key, limits, requests, tokens, "acquire", back)
         except RedisUnavailable:
+            if back:
+                await self.fallback.refund(key, limits, back)
             if self.on_error == "closed":
                 raise
             return await self.fallback.acquire(key, limits, requests, tokens)
         r, k = float(r), float(k)
+        self._seen[key] = (r, k, sent_at, limits)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.max_keys:
+            self._seen.popitem(last=False)
         if allowed:
             wait, by = 0.0, None
         else:  # the script did not take anything: say which bucket refused, and for how long
@@ -182,6 +234,51 @@ class RedisLimiter:
             await self._run(key, limits, 0, tokens, "refund")
         except RedisUnavailable:
             await self.fallback.refund(key, limits, tokens)
+
+    def refund_later(self, key: str, limits: Limits, tokens: int) -> None:
+        """Give tokens back with the key's next call, or within REFUND_DELAY_S (call on the loop)."""
+        if tokens <= 0:
+            return
+        pending = self._refunds.get(key)
+        if pending is None:
+            self._refunds[key] = [limits, tokens]
+        else:
+            pending[0], pending[1] = limits, pending[1] + tokens
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(REFUND_DELAY_S, self._send_refunds)
+
+    def _send_refunds(self) -> None:
+        self._flush = None
+        if self._refunds:
+            task = asyncio.get_running_loop().create_task(self._refund_all())
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _refund_all(self) -> None:
+        pending, self._refunds = self._refunds, {}
+        await asyncio.gather(*(self.refund(key, limits, tokens) for key, (limits, tokens) in pending.items()))
+
+    def certain_refusal(self, key: str, limits: Limits) -> Decision | None:
+        """The refusal of one more request when, as last seen here and refilled since, the
+        key's requests bucket holds less than one (None: ask Redis)."""
+        if self.health.state != "closed":
+            return self.fallback.certain_refusal(key, limits) if self.on_error == "open" else None
+        seen = self._seen.get(key)
+        if seen is None or seen[3] != limits:
+            return None
+        r, k, at, _ = seen
+        now = time.monotonic()
+        level = _refill(r, at, now, limits.requests_per_minute)
+        return _refusal(limits, level, _refill(k, at, now, limits.tokens_per_minute), "redis") if level < 1 else None
+
+    async def close(self) -> None:
+        """Send the refunds still waiting."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        await self._refund_all()
+        if self._flushing:
+            await asyncio.gather(*self._flushing, return_exceptions=True)
 
 
 def format_duration(seconds: float) -> str:

@@ -184,6 +184,7 @@ class Gateway:
     async def close(self) -> None:
         if self.guard is not None:
             await asyncio.to_thread(self.guard.close)
+        await self.limiter.close()  # refunds still waiting to be sent
         if self.health is not None:
             await self.health.close()
         if self.keys is not None:
@@ -217,9 +218,16 @@ class Gateway:
                       key.tokens_per_minute or tier.tokens_per_minute)
 
     async def take(self, gate: "RequestGate", requests: int, tokens: int) -> Decision | None:
+        """Take from the key's buckets (both or neither); RateLimited (429) when they do not
+        hold it. A request's deferred unit (gate.request_pending) goes along with the first
+        take; refused by the tokens bucket alone, it is still owed (counted as the response
+        starts: a refused request counts against the request limit)."""
         if gate.key is None:
             return None
         limits = self.limits_for(gate.key)
+        if gate.request_pending:
+            requests += 1
+            gate.request_pending = False
         try:
             decision = await self.limiter.acquire(gate.key.id, limits, requests, tokens)
         except RedisUnavailable:  # fail-closed mode
@@ -227,9 +235,21 @@ class Gateway:
                                    "fails closed; retry shortly", retry_after_s=self.config.breaker_reset_s) from None
         gate.decision = decision
         if not decision.allowed:
+            gate.request_pending = requests > 0 and decision.refused_by == "tokens"
             self.metrics.rate_limited.labels(limit=decision.refused_by).inc()
             raise _rate_limited(decision, tokens)
         return decision
+
+    def refuse_early(self, gate: "RequestGate") -> None:
+        """RateLimited when the key's next request certainly cannot pass (no call to Redis)."""
+        if gate.key is None:
+            return
+        decision = self.limiter.certain_refusal(gate.key.id, self.limits_for(gate.key))
+        if decision is not None:
+            gate.decision = decision
+            gate.request_pending = False  # refused, not taken: nothing is owed
+            self.metrics.rate_limited.labels(limit="requests").inc()
+            raise _rate_limited(decision, 0)
 
     def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -369,6 +389,9 @@ class RequestGate:
         self.gateway = gateway
         self.key = key
         self.decision: Decision | None = None  # the latest limiter decision (for the headers)
+        # A generation request's unit of the request limit, taken together with its tokens
+        # (one limiter call) or, on a cache hit or an early error, on its own.
+        self.request_pending = False
         self.cache_status: str | None = None
         self.reserved = 0
         # What the prompt's screening found (the request log reads them): the entity types
@@ -451,8 +474,14 @@ class RequestGate:
             await self.gateway.cache.put(key, value)
 
     # ---- tokens -------------------------------------------------------------------------
+    async def count_request(self) -> None:
+        """Take the request's deferred unit now (a cache hit: no tokens to reserve); 429 if over."""
+        if self.request_pending:
+            await self.gateway.take(self, 0, 0)
+
     async def reserve(self, tokens: int) -> None:
-        """Take prompt + max_tokens from the key's tokens/min before generating (429 if over)."""
+        """Take prompt + max_tokens from the key's tokens/min before generating, with the
+        request's deferred unit if it is still owed (429 if over)."""
         if await self.gateway.take(self, 0, tokens) is not None:
             self.reserved = tokens
 
@@ -460,7 +489,7 @@ class RequestGate:
         """Give back what the response did not use (called once, when it ends however it ends)."""
         unused, self.reserved = self.reserved - used, 0
         if unused > 0 and self.key is not None:
-            self.gateway.spawn(self.gateway.limiter.refund(self.key.id, self.gateway.limits_for(self.key), unused))
+            self.gateway.limiter.refund_later(self.key.id, self.gateway.limits_for(self.key), unused)
 
     # ---- outputs ------------------------------------------------------------------------
     @property
@@ -534,10 +563,17 @@ class _CountingRedactor:
 # ASGI
 
 
+# Routes whose request unit is taken with their token reservation (one limiter call a request).
+DEFERRED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
 class GatewayMiddleware:
     """Auth and the request limit for every /v1 route, and the gate's headers on every /v1
-    response (errors and streams included). Without app.state.gateway it lets all through
-    (an app built without a gateway, e.g. in unit tests)."""
+    response (errors and streams included). A generation route's request unit is taken with
+    its token reservation (one limiter call a request; a cache hit takes it alone, an error
+    before the reservation as its response starts), after a local check that refuses a key
+    certainly over its request limit before any work. Without app.state.gateway it lets all
+    through (an app built without a gateway, e.g. in unit tests)."""
 
     def __init__(self, app, prefix: str = "/v1/"):
         self.app = app
@@ -554,12 +590,23 @@ class GatewayMiddleware:
         scope.setdefault("state", {})[STATE_KEY] = gate  # before auth: the request log reads it on refusals too
         try:
             gate.key = gateway.authenticate(_header(scope, b"authorization"))
-            await gateway.take(gate, 1, 0)
+            if gate.key is not None and scope["method"] == "POST" and scope["path"] in DEFERRED_ROUTES:
+                # The request unit goes with the token reservation (one limiter call), unless
+                # the key is certainly over its request limit already.
+                gate.request_pending = True
+                gateway.refuse_early(gate)
+            else:
+                await gateway.take(gate, 1, 0)
         except ServingError as err:
             return await _send_error(err, gate, scope, receive, send)
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
+                if gate.request_pending:  # answered before its reservation (an error): it counts all the same
+                    try:
+                        await gateway.take(gate, 0, 0)
+                    except ServingError:  # over the limit or Redis away: this response stands
+                        gate.request_pending = False
                 message = {**message, "headers": [*message.get("headers", []), *gate.headers()]}
             await send(message)
 

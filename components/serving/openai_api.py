@@ -1074,7 +1074,9 @@ async def _begin(server: OpenAIServer, body, request: Request, route: str, id_pr
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
     key, hit = await _cached(gate, server, body, route)
-    if hit is None:
+    if hit is not None:
+        await gate.count_request()  # a hit counts against the request limit, not the token limit
+    else:
         body = await _screen(gate, server, body)
     _log_prompt(record, server, body, gate if hit is None else None)
     rid = f"{id_prefix}-{uuid.uuid4().hex}"
