@@ -139,13 +139,24 @@ class GuardProcess:
             raise GuardFailed(f"the {self.name} process did not answer within {timeout_s:g} s") from None
 
     async def acall(self, op: str, payload, timeout_s: float):
+        # One loop future, resolved from the reader thread, and one timer: lighter than
+        # wait_for(wrap_future(...)) (a waiter future and two hops more a call).
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         fut = self.submit(op, payload)
+        fut.add_done_callback(lambda f: loop.is_closed() or loop.call_soon_threadsafe(_hand_over, f, waiter))
+        timer = loop.call_later(timeout_s, _expire, waiter)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+            return await waiter
         except TimeoutError:
             fut.cancel()
             self._timed_out(timeout_s)
             raise GuardFailed(f"the {self.name} process did not answer within {timeout_s:g} s") from None
+        except asyncio.CancelledError:
+            fut.cancel()  # its caller gave up: the writer skips it if it is still queued
+            raise
+        finally:
+            timer.cancel()
 
     def _timed_out(self, timeout_s: float) -> None:
         """A call ran out of time: if the child has answered nothing for as long, it is stuck
@@ -279,6 +290,22 @@ class GuardProcess:
             futures = [self._pending.pop(rid)[1] for rid in owed]
         for fut in futures:
             _settle(fut, error=GuardFailed(why))
+
+
+def _hand_over(fut: Future, waiter: asyncio.Future) -> None:
+    """On the loop: the call's outcome into the caller's waiter (unless it gave up)."""
+    if waiter.done() or fut.cancelled():
+        return
+    error = fut.exception()
+    if error is not None:
+        waiter.set_exception(error)
+    else:
+        waiter.set_result(fut.result())
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _settle(fut: Future, result=None, error: Exception | None = None) -> None:

@@ -235,18 +235,19 @@ class PiiRedactor:
             raise PiiError(f"PII analysis failed: {type(exc).__name__}: {exc}") from exc
         return _merge(results)
 
-    def _screened(self, text: str) -> bool:
+    def needs_analysis(self, text: str) -> bool:
+        """False for a text the pre-screen clears (or an empty one): no entity can be in it."""
         return bool(text) and (not self.prescreen or may_contain_entity(text, self._screen))
 
     def find(self, text: str) -> list[Entity]:
         """Disjoint entities, in order. Overlapping results become one span (their union, so no
         part of any of them survives) named after the longest of them (then the best scored)."""
-        return self._analyze(text) if self._screened(text) else []
+        return self._analyze(text) if self.needs_analysis(text) else []
 
     async def afind(self, text: str) -> list[Entity]:
         """find() in a worker thread, within config.timeout_s (the thread cannot be stopped:
         it finishes in the background, and analyses queued behind it time out too)."""
-        if not self._screened(text):
+        if not self.needs_analysis(text):
             return []
         try:
             return await asyncio.wait_for(asyncio.to_thread(self._analyze, text), self.config.timeout_s)
@@ -299,7 +300,7 @@ class RemotePiiRedactor(PiiRedactor):
     async def afind(self, text: str) -> list[Entity]:
         from components.gateway.guard_process import GuardFailed
 
-        if not self._screened(text):
+        if not self.needs_analysis(text):
             return []
         try:
             return [Entity(*e) for e in await self.guard.acall("find", text, self.config.timeout_s)]
@@ -383,9 +384,17 @@ class StreamRedactor:
         return "" if window is None else self._emit(self._run(self._redactor.find, window), final=True)
 
     async def aadd(self, delta: str) -> str:
-        early = self._early(delta)
-        window = self._due()
-        return early if window is None else early + self._emit(await self._arun(window), final=False)
+        early, window = self.begin(delta)
+        return early if window is None else early + await self.finish(window)
+
+    def begin(self, delta: str) -> tuple[str, str | None]:
+        """aadd() in two steps, the first without awaiting: take delta in and return (the text
+        that may go out now, the window due for analysis or None); with a window, finish(window)
+        is the rest of the text to emit (await it before the next begin)."""
+        return self._early(delta), self._due()
+
+    async def finish(self, window: str) -> str:
+        return self._emit(await self._arun(window), final=False)
 
     async def aflush(self) -> str:
         window = self._final_window()

@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from components.gateway.cache import ResultCache, cache_key, cacheable
 from components.gateway.content_filter import ContentFilter, RuleSet, Verdict
@@ -523,40 +523,59 @@ class RequestGate:
 
 
 async def _redact_all(pii, texts: list[str]) -> list[tuple[str, list[str]]]:
-    """Every text redacted, or GuardUnavailable: any failure (an error, the timeout) refuses."""
+    """Every text redacted, or GuardUnavailable: any failure (an error, the timeout) refuses.
+    Texts the pre-screen clears are not handed to the analyzer at all."""
+    out: list[tuple[str, list[str]]] = [(t, []) for t in texts]
+    todo = [i for i, t in enumerate(texts) if pii.needs_analysis(t)]
+    if not todo:
+        return out
     try:
-        return list(await asyncio.gather(*(pii.aredact(t) for t in texts)))
+        for i, result in zip(todo, await asyncio.gather(*(pii.aredact(texts[i]) for i in todo))):
+            out[i] = result
     except Exception as exc:
         log.error("PII analysis failed: %s: %s", type(exc).__name__, exc)
         raise GuardUnavailable("PII analysis failed; the request was not processed (the gateway fails closed)") \
             from None
+    return out
 
 
 class _CountingRedactor:
-    """A stream redactor (analysis in a worker thread, within pii.timeout_s) whose failures
-    refuse (GuardUnavailable) and whose finds are counted."""
+    """A stream redactor (analysis in the checks' process or a worker thread, within
+    pii.timeout_s) whose failures refuse (GuardUnavailable) and whose finds are counted. A
+    delta that needs no analysis passes without awaiting anything."""
 
     def __init__(self, inner, count: Callable[[str], None]):
         self.inner = inner
         self.count = count
         self._counted = 0
 
-    async def _guard(self, coro) -> str:
+    async def add(self, delta: str) -> str:
         try:
-            out = await coro
+            early, window = self.inner.begin(delta)
+            if window is None:
+                return early
+            out = early + await self.inner.finish(window)
         except Exception as exc:
-            log.error("PII analysis of an output failed: %s: %s", type(exc).__name__, exc)
-            raise GuardUnavailable("PII analysis of the answer failed; the rest of it was withheld") from None
+            self._failed(exc)
+        self._count_new()
+        return out
+
+    async def flush(self) -> str:
+        try:
+            out = await self.inner.aflush()
+        except Exception as exc:
+            self._failed(exc)
+        self._count_new()
+        return out
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        log.error("PII analysis of an output failed: %s: %s", type(exc).__name__, exc)
+        raise GuardUnavailable("PII analysis of the answer failed; the rest of it was withheld") from None
+
+    def _count_new(self) -> None:
         for entity in self.inner.found[self._counted:]:
             self.count(entity)
         self._counted = len(self.inner.found)
-        return out
-
-    async def add(self, delta: str) -> str:
-        return await self._guard(self.inner.aadd(delta))
-
-    async def flush(self) -> str:
-        return await self._guard(self.inner.aflush())
 
 
 # ---------------------------------------------------------------------------------------
