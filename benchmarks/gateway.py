@@ -168,21 +168,7 @@ def main() -> None:
             base_env.update({f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()})
             if args.num_threads:
                 base_env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
-            classifier = INJECTIONS.exists()
-            if classifier:
-                print(f"training the filter classifier ({args.method or 'the shipped method'})...", flush=True)
-                t = time.perf_counter()
-                training = {"train_path": str(INJECTIONS)}
-                if args.method:
-                    training["params"] = {"method": args.method}
-                out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json"],
-                                     env={**base_env, "TUNELOOP__GATEWAY__FILTER_TRAINING": json.dumps(training)},
-                                     capture_output=True, text=True, cwd=ROOT)
-                if out.returncode != 0:
-                    raise SystemExit(f"filter train failed:\n{(out.stdout + out.stderr)[-3000:]}")
-                print(f"  trained and promoted in {time.perf_counter() - t:.0f} s", flush=True)
-            else:
-                print(f"{INJECTIONS} absent: the filter runs its rules only", flush=True)
+            train_filter(base_env, args.method)
             key = json.loads(subprocess.run(
                 [sys.executable, "-m", "components.cli", "keys", "create", "--name", "bench", "--tier", "enterprise",
                  "--json"], env=base_env, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["key"]
@@ -323,6 +309,26 @@ def main() -> None:
             args.json.write_text(json.dumps(results, indent=2, default=str))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def train_filter(env: dict, method: str | None = None) -> bool:
+    """`tuneloop filter train` on the injection set into env's TUNELOOP_HOME (registered and
+    promoted, as a user does it); False (rules only) where the set is absent."""
+    if not INJECTIONS.exists():
+        print(f"{INJECTIONS} absent: the filter runs its rules only", flush=True)
+        return False
+    print(f"training the filter classifier ({method or 'the shipped method'})...", flush=True)
+    t = time.perf_counter()
+    training = {"train_path": str(INJECTIONS)}
+    if method:
+        training["params"] = {"method": method}
+    out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json"],
+                         env={**env, "TUNELOOP__GATEWAY__FILTER_TRAINING": json.dumps(training)},
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"filter train failed:\n{(out.stdout + out.stderr)[-3000:]}")
+    print(f"  trained and promoted in {time.perf_counter() - t:.0f} s", flush=True)
+    return True
 
 
 def cost_of(rounds: list[dict], off_rounds: list[dict]) -> dict:
