@@ -87,11 +87,8 @@ class MemoryLimiter:
     def _bucket(self, key: str, limits: Limits, now: float) -> list[float]:
         b = self._buckets.get(key)
         if b is None:
-            b = self._buckets[key] = [float(limits.requests_per_minute), now, float(limits.tokens_per_minute), now]
-            while len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
-        else:
-            self._buckets.move_to_end(key)
+            b = [float(limits.requests_per_minute), now, float(limits.tokens_per_minute), now]
+        _keep(self._buckets, key, b, self.max_keys)
         b[0] = _refill(b[0], b[1], now, limits.requests_per_minute)
         b[2] = _refill(b[2], b[3], now, limits.tokens_per_minute)
         b[1] = b[3] = now
@@ -135,6 +132,15 @@ class MemoryLimiter:
                         (limits.requests_per_minute - b[0]) * WINDOW_S / limits.requests_per_minute,
                         (limits.tokens_per_minute - b[2]) * WINDOW_S / limits.tokens_per_minute,
                         wait, by, self.source)
+
+
+def _keep(store: OrderedDict, key: str, value, max_keys: int) -> None:
+    """store[key] = value as its most recently used entry; past max_keys the least recently
+    used go."""
+    store[key] = value
+    store.move_to_end(key)
+    while len(store) > max_keys:
+        store.popitem(last=False)
 
 
 def _refusal(limits: Limits, requests_level: float, tokens_level: float, source: str) -> Decision:
@@ -215,10 +221,7 @@ class RedisLimiter:
                 raise
             return await self.fallback.acquire(key, limits, requests, tokens)
         r, k = float(r), float(k)
-        self._seen[key] = (r, k, sent_at, limits)
-        self._seen.move_to_end(key)
-        while len(self._seen) > self.max_keys:
-            self._seen.popitem(last=False)
+        _keep(self._seen, key, (r, k, sent_at, limits), self.max_keys)
         if allowed:
             wait, by = 0.0, None
         else:  # the script did not take anything: say which bucket refused, and for how long
@@ -261,7 +264,7 @@ class RedisLimiter:
     def certain_refusal(self, key: str, limits: Limits) -> Decision | None:
         """The refusal of one more request when, as last seen here and refilled since, the
         key's requests bucket holds less than one (None: ask Redis)."""
-        if self.health.state != "closed":
+        if self.health.state != RedisHealth.CLOSED:
             return self.fallback.certain_refusal(key, limits) if self.on_error == "open" else None
         seen = self._seen.get(key)
         if seen is None or seen[3] != limits:

@@ -111,7 +111,6 @@ class Gateway:
         policy = [config.pii.model_dump(mode="json"), config.filter.model_dump(mode="json"),
                   content_filter.model_id if content_filter is not None else None, pii is not None]
         self.policy_id = hashlib.sha256(json.dumps(policy, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        self._tasks: set[asyncio.Task] = set()  # refunds in flight (strong references)
 
     # ---- building it from config ------------------------------------------------------
     @classmethod
@@ -250,11 +249,6 @@ class Gateway:
             gate.request_pending = False  # refused, not taken: nothing is owed
             self.metrics.rate_limited.labels(limit="requests").inc()
             raise _rate_limited(decision, 0)
-
-    def spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 _AUTH_MESSAGES = {
