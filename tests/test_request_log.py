@@ -220,6 +220,36 @@ def test_logged_texts_are_redacted_by_the_gateway_or_else_by_the_writer(loaded, 
             assert "EMAIL_ADDRESS" in chat["pii_entities"]
 
 
+def test_a_cache_hit_is_logged_as_its_miss_was_without_analysing_it_again(loaded, tmp_path):
+    """The cache entry keeps the prompt as the gateway redacted it (same request, same policy:
+    the key carries both), so a hit's record carries the same redacted prompt and entities as
+    the miss's, with no PII analysis of the prompt or of the answer in the log's writer."""
+    answer = "Sure! " + PLANTED_TEXT + " Anything else?"
+    prompt = " ".join(f"My {k} is {v}." for k, v in list(PLANTED.items())[:4])
+    cfg = gateway_config(tmp_path, auth="off", pii={"mode": "redact", "outputs": "redact"}, cache={"enabled": True})
+    model = ScriptedModel(loaded.tokenizer, answer)
+
+    async def test(app, g, request_log):
+        client = raw(app)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "temperature": 0}
+        out = [await client.post("/v1/chat/completions", json={**body, "stream": stream})
+               for stream in (True, True, False)]
+        await client.aclose()
+        return out
+
+    responses = run_logged(loaded, cfg, test, backend=model)
+    assert [r.headers["x-cache"] for r in responses] == ["miss", "hit", "hit"]
+    records = {r["request_id"]: r for r in logged(cfg)}
+    miss, *hits = [records[r.headers["x-request-id"]] for r in responses]
+    _assert_clean("\n".join(p.read_text() for p in (tmp_path / "requests").glob("*.jsonl")), "the request log")
+    assert "<EMAIL_ADDRESS>" in miss["prompt"][0]["content"] and miss["pii_entities"]
+    for hit in hits:
+        assert hit["cache"] == "hit"
+        assert hit["prompt"] == miss["prompt"] and hit["pii_entities"] == miss["pii_entities"]
+        assert hit["prompt_redacted"] and hit["completion_redacted"]
+        assert hit["completions"] == miss["completions"]
+
+
 def test_texts_are_omitted_when_no_redaction_can_run(loaded, tmp_path):
     from components.requestlog.store import SegmentSink
     from components.requestlog.writer import RequestLog

@@ -1020,18 +1020,38 @@ async def _reserve(gate: RequestGate | None, prepared: _Prepared) -> None:
 
 async def _store(gate: RequestGate | None, key: str | None, gens: _Generations, choices: list[dict]) -> None:
     if gate is not None and key is not None and gens.cacheable_result():
-        await gate.cache_put(key, {"choices": choices, "usage": _usage(gens)})
+        value = {"choices": choices, "usage": _usage(gens)}
+        r = gens.record
+        if r is not None and r.prompt_redacted:
+            # The prompt as this policy redacted it for the log: a hit on this entry (same
+            # request, same policy: the key carries both) logs it without analysing it again.
+            value["log"] = {"prompt": r.prompt, "pii_entities": sorted(set(gate.pii_found))}
+        await gate.cache_put(key, value)
+
+
+def _log_hit(record: RequestRecord | None, cached: dict) -> bool:
+    """A hit's prompt into the request log from its cache entry; False where the entry has
+    none (the prompt was not redacted by the gateway: the log's writer redacts it)."""
+    logged = cached.get("log")
+    if record is None or not isinstance(logged, dict) or "prompt" not in logged:
+        return False
+    record.prompt, record.prompt_redacted = logged["prompt"], True
+    record.pii_entities = logged.get("pii_entities") or None
+    return True
 
 
 def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: bool,
-            record: RequestRecord | None = None):
+            record: RequestRecord | None = None, outputs_redacted: bool = False):
     """A cached answer as a fresh response: JSON, or a proper SSE stream for a streaming client."""
     if record is not None:
         record.completions = [c["text"] for c in cached["choices"]]
         record.finish_reasons = [c["finish_reason"] for c in cached["choices"]]
         record.prompt_tokens = cached["usage"]["prompt_tokens"]
         record.completion_tokens = cached["usage"]["completion_tokens"]
-        record.completion_redacted = False  # the writer redacts again (cheap, and never trusts the cache)
+        # The entry holds the text as the client got it under this policy (the key carries
+        # it): already redacted where the policy redacts outputs, as a miss's is; else the
+        # log's writer redacts it.
+        record.completion_redacted = outputs_redacted
     usage = {**cached["usage"], "prompt_tokens_details": {"cached_tokens": cached["usage"]["prompt_tokens"]}}
 
     def choice(i: int, c: dict, delta: bool) -> dict:
@@ -1076,9 +1096,11 @@ async def _begin(server: OpenAIServer, body, request: Request, route: str, id_pr
     key, hit = await _cached(gate, server, body, route)
     if hit is not None:
         await gate.count_request()  # a hit counts against the request limit, not the token limit
+        if not _log_hit(record, hit):
+            _log_prompt(record, server, body, None)
     else:
         body = await _screen(gate, server, body)
-    _log_prompt(record, server, body, gate if hit is None else None)
+        _log_prompt(record, server, body, gate)
     rid = f"{id_prefix}-{uuid.uuid4().hex}"
     if record is not None:
         record.response_id = rid
@@ -1093,7 +1115,8 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     gate, record, key, hit, body, base = await _begin(server, body, request, "completions", "cmpl", "text_completion")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
-                       chat=False, record=record)
+                       chat=False, record=record,
+                       outputs_redacted=gate.redacts_outputs)
     prompts = _tokenize_completion(server, body)
     prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
     if gate is not None and prepared.echo:
@@ -1146,7 +1169,8 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
                                                       "chat.completion.chunk")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
-                       chat=True, record=record)
+                       chat=True, record=record,
+                       outputs_redacted=gate.redacts_outputs)
     prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
     await _reserve(gate, prepared)
     await _versioned(server, base, record)
