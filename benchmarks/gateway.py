@@ -303,8 +303,8 @@ def main() -> None:
                         hits = cache_hits(url) - before
                         hit_rates.append(hits / len(requests))
                         # Every warmed request hits (checked): their tokens' share is the work saved.
-                        out_tokens = [x.output_tokens for x in res]  # in the order of `requests`
-                        token_share = (sum(out_tokens[requests.index(q)] for q in warm) / max(sum(out_tokens), 1)
+                        out_tokens = [x.output_tokens for x in res]  # in the order of `requests` (q.index)
+                        token_share = (sum(out_tokens[q.index] for q in warm) / max(sum(out_tokens), 1)
                                        if hits == len(warm) else hit_rates[-1])
                         bounds.append(1 / (1 - max(hit_rates[-1], token_share)))
                         extra["notes"].append(f"cache hits this round: {hit_rates[-1]:.1%} of the requests, "
