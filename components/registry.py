@@ -65,6 +65,7 @@ import fcntl
 import getpass
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -74,6 +75,8 @@ from typing import Any, Iterator
 from urllib.parse import urlparse
 
 from components.blessing import Blessing
+
+logger = logging.getLogger(__name__)
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -240,6 +243,27 @@ def _exclusive(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# What an SQL backend says when two writers insert the same row at once (PostgreSQL, MySQL,
+# SQLite), passed on by `mlflow server` inside a BAD_REQUEST.
+_UNIQUE_CLASH = ("UniqueViolation", "duplicate key value", "Duplicate entry", "UNIQUE constraint failed",
+                 "IntegrityError")
+
+
+def _copy_write(write, *args) -> None:
+    """One write of the log's copy (an alias or a history tag). MLflow's SQL store sets them
+    by read-then-insert, so two processes copying the same decision at once can both insert
+    the row and one gets a unique-key error. That write was made by the other one: the
+    caller re-reads and writes again until the copy agrees with the log."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        write(*args)
+    except MlflowException as exc:
+        if not any(marker in str(exc) for marker in _UNIQUE_CLASH):
+            raise
+        logger.info("registry: a concurrent writer set the same row first (%s); re-reading", type(exc).__name__)
 
 
 class ModelRegistry:
@@ -494,13 +518,13 @@ class ModelRegistry:
             tags = model.tags or {}
             # `previous` before `champion`: a reader between the two calls never loses a version
             if state.previous is not None and aliases.get(PREVIOUS) != state.previous:
-                self.client.set_registered_model_alias(self.name, PREVIOUS, state.previous)
+                _copy_write(self.client.set_registered_model_alias, self.name, PREVIOUS, state.previous)
             if state.champion is not None and aliases.get(CHAMPION) != state.champion:
-                self.client.set_registered_model_alias(self.name, CHAMPION, state.champion)
+                _copy_write(self.client.set_registered_model_alias, self.name, CHAMPION, state.champion)
             for record in state.records.values():
                 key, value = TAG_PROMOTION.format(seq=record.seq), json.dumps(record.to_dict())
                 if tags.get(key) != value:
-                    self.client.set_registered_model_tag(self.name, key, value)
+                    _copy_write(self.client.set_registered_model_tag, self.name, key, value)
             latest = self._replay(self._read_log())
             if (latest.champion, latest.previous, latest.seq) == (state.champion, state.previous, state.seq):
                 return latest

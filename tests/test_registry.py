@@ -264,3 +264,40 @@ def test_a_registry_from_before_the_log_is_adopted(backend):
     assert [h.seq for h in reg.history()] == [7, 8]
     assert _log_outcomes(backend, "adopted") == [("adopt", "applied"), ("promote", "applied")]
     assert reg.rollback(reason="back", actor="t").version == v2
+
+
+def test_a_copy_written_by_a_concurrent_promoter_first_is_not_an_error(backend, tmp_path):
+    """Two processes copying the same decision at once: MLflow's SQL store sets a tag or an
+    alias by read-then-insert, so one of them gets the database's unique-key error (seen in
+    CI against PostgreSQL behind `mlflow server`). That row was written by the other one;
+    the promotion goes on and the copy agrees with the log. A mock simulates the fault: the
+    other process's write lands, then this one's insert fails."""
+    from mlflow.exceptions import MlflowException
+
+    reg = ModelRegistry(backend["uri"], "copyclash", lock_path=tmp_path / "copyclash.lock")
+    v1, v2 = (new_version(backend, reg) for _ in range(2))
+    reg.promote(v1, expected_champion=None, reason="first", actor="t")
+    for method in ("set_registered_model_tag", "set_registered_model_alias"):
+        real = getattr(reg.client, method)
+        clashes = []
+
+        def clash(*args, real=real, clashes=clashes):
+            if not clashes:
+                real(*args)  # the other promoter's copy ...
+                clashes.append(args)  # ... and then this one's insert of the same row
+                raise MlflowException("BAD_REQUEST: (psycopg.errors.UniqueViolation) duplicate key value violates "
+                                      "unique constraint", error_code="BAD_REQUEST")
+            return real(*args)
+
+        setattr(reg.client, method, clash)
+    reg.promote(v2, expected_champion=v1, reason="second", actor="t")
+    assert reg.champion().version == v2 and reg.previous().version == v1
+    assert [(h.from_version, h.to_version) for h in reg.history()] == [(None, v1), (v1, v2)]
+
+    def broken(*args):  # any other error still stops the promotion
+        raise MlflowException("INTERNAL_ERROR: the server is down", error_code="INTERNAL_ERROR")
+
+    reg.client.set_registered_model_alias = broken
+    v3 = new_version(backend, reg)
+    with pytest.raises(MlflowException, match="server is down"):
+        reg.promote(v3, expected_champion=v2, reason="third", actor="t")
