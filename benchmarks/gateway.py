@@ -253,7 +253,7 @@ def main() -> None:
 
             cold: list[float] = []  # the cache server's output tok/s with nothing warmed, one a round
 
-            def cold_round(url: str, seed: int) -> None:
+            def cold_round(r: int, url: str, seed: int) -> None:
                 """The cache server over the round's requests with fresh keys (0 % hits), back to
                 back with its hit round (before it in odd rounds, after in even ones): the same
                 server and the same cache work per miss, so hit round / cold round is the
@@ -277,7 +277,7 @@ def main() -> None:
                     url, pid = urls[name][inst], pids[name][inst]
                     seed = 1000 * r + list(systems).index(name)  # fresh cache keys every round (greedy: same tokens)
                     if name == "cache" and r % 2:
-                        cold_round(url, seed + 500)
+                        cold_round(r, url, seed + 500)
                     if name == "cache":
                         warm = warm_sample(rng, requests, HIT_RATE)
                         run_round(name, warm, seed, url)  # answered once before the round: these hit
@@ -314,7 +314,7 @@ def main() -> None:
                     print(f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s",
                           flush=True)
                     if name == "cache" and not r % 2:
-                        cold_round(url, seed + 500)
+                        cold_round(r, url, seed + 500)
             summaries = {n: median_of(rs) for n, rs in rounds.items()}
             for s in summaries.values():
                 print_system(s)

@@ -1029,29 +1029,28 @@ async def _store(gate: RequestGate | None, key: str | None, gens: _Generations, 
         await gate.cache_put(key, value)
 
 
-def _log_hit(record: RequestRecord | None, cached: dict) -> bool:
-    """A hit's prompt into the request log from its cache entry; False where the entry has
-    none (the prompt was not redacted by the gateway: the log's writer redacts it)."""
+def _log_hit(record: RequestRecord | None, server: OpenAIServer, body, cached: dict, gate: RequestGate) -> None:
+    """A hit's request-log record, from its cache entry. The entry was written under this
+    policy (the key carries it): its prompt as the gateway redacted it, where it did (else
+    the log's writer redacts the prompt), and the answers as the client got them, already
+    redacted where the policy redacts outputs, as a miss's are (else the writer redacts them)."""
+    if record is None:
+        return
     logged = cached.get("log")
-    if record is None or not isinstance(logged, dict) or "prompt" not in logged:
-        return False
-    record.prompt, record.prompt_redacted = logged["prompt"], True
-    record.pii_entities = logged.get("pii_entities") or None
-    return True
+    if isinstance(logged, dict) and "prompt" in logged:
+        record.prompt, record.prompt_redacted = logged["prompt"], True
+        record.pii_entities = logged.get("pii_entities") or None
+    else:
+        _log_prompt(record, server, body, None)
+    record.completions = [c["text"] for c in cached["choices"]]
+    record.finish_reasons = [c["finish_reason"] for c in cached["choices"]]
+    record.prompt_tokens = cached["usage"]["prompt_tokens"]
+    record.completion_tokens = cached["usage"]["completion_tokens"]
+    record.completion_redacted = gate.redacts_outputs
 
 
-def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: bool,
-            record: RequestRecord | None = None, outputs_redacted: bool = False):
+def _replay(cached: dict, base: dict, stream: bool, include_usage: bool, chat: bool):
     """A cached answer as a fresh response: JSON, or a proper SSE stream for a streaming client."""
-    if record is not None:
-        record.completions = [c["text"] for c in cached["choices"]]
-        record.finish_reasons = [c["finish_reason"] for c in cached["choices"]]
-        record.prompt_tokens = cached["usage"]["prompt_tokens"]
-        record.completion_tokens = cached["usage"]["completion_tokens"]
-        # The entry holds the text as the client got it under this policy (the key carries
-        # it): already redacted where the policy redacts outputs, as a miss's is; else the
-        # log's writer redacts it.
-        record.completion_redacted = outputs_redacted
     usage = {**cached["usage"], "prompt_tokens_details": {"cached_tokens": cached["usage"]["prompt_tokens"]}}
 
     def choice(i: int, c: dict, delta: bool) -> dict:
@@ -1096,8 +1095,7 @@ async def _begin(server: OpenAIServer, body, request: Request, route: str, id_pr
     key, hit = await _cached(gate, server, body, route)
     if hit is not None:
         await gate.count_request()  # a hit counts against the request limit, not the token limit
-        if not _log_hit(record, hit):
-            _log_prompt(record, server, body, None)
+        _log_hit(record, server, body, hit, gate)
     else:
         body = await _screen(gate, server, body)
         _log_prompt(record, server, body, gate)
@@ -1115,8 +1113,7 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     gate, record, key, hit, body, base = await _begin(server, body, request, "completions", "cmpl", "text_completion")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
-                       chat=False, record=record,
-                       outputs_redacted=gate.redacts_outputs)
+                       chat=False)
     prompts = _tokenize_completion(server, body)
     prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
     if gate is not None and prepared.echo:
@@ -1169,8 +1166,7 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
                                                       "chat.completion.chunk")
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
-                       chat=True, record=record,
-                       outputs_redacted=gate.redacts_outputs)
+                       chat=True)
     prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
     await _reserve(gate, prepared)
     await _versioned(server, base, record)
