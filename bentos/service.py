@@ -125,7 +125,8 @@ class TuneloopLLM:
         self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
         app.state.gateway = self.gateway
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
-        if SERVING.engine == "vllm":  # the weights live in vLLM's process; this one needs the tokenizer
+        in_child = SERVING.engine == "vllm" or (SERVING.engine == "slots" and SERVING.engine_process)
+        if in_child:  # the weights live in the engine's process; this one needs the tokenizer
             from components.serving.engine import load_tokenizer
 
             loaded = load_tokenizer(model_dir)
@@ -138,7 +139,11 @@ class TuneloopLLM:
                 self.metrics.observe_batch(size)
 
         self.engine = None  # an engine with its own generation thread (slots, continuous)
-        if SERVING.engine == "slots":
+        if SERVING.engine == "slots" and SERVING.engine_process:
+            from components.serving.engine_process import EngineProcess
+
+            self.engine = EngineProcess(loaded, SERVING, on_batch, self.metrics.observe_turn if SERVING.cpu_turns else None)
+        elif SERVING.engine == "slots":
             self.engine = SlotEngine.from_config(loaded, SERVING, on_batch)
             if SERVING.cpu_turns and loaded.model.device.type == "cpu":
                 from components.cpu_turns import CPU_TURNS

@@ -529,6 +529,9 @@ class ServingConfig(Section):
     # vllm: vLLM's OpenAI server as the engine process behind tuneloop's routes
     # (components/serving/vllm_engine.py); its Python from vllm_python (`make vllm-venv`).
     engine: Literal["adaptive", "continuous", "slots", "vllm"] = "slots"
+    # slots engine: run it in a process of its own (components/serving/engine_process.py),
+    # apart from the event loop's GIL (HTTP, the gateway, the request log), as vLLM V1 does.
+    engine_process: bool = True
     vllm_python: Path = REPO_ROOT / ".venv-vllm" / "bin" / "python"
     vllm_args: list[str] = []  # more arguments for vLLM's server, e.g. [--enforce-eager]
     # The model folder served. None: the base model (model.base_model). A packaged bento
@@ -603,7 +606,11 @@ class ServingConfig(Section):
     default_max_tokens: int | None = Field(None, ge=1)
     max_tokens_limit: int | None = Field(None, ge=1)
     warmup_requests: int = Field(12, ge=0)
-    num_threads: int | None = Field(None, ge=1)  # torch intra-op threads; None: torch's default
+    # torch intra-op threads. None: an engine in its own process (engine_process) times a
+    # decoding step on every core and on one fewer, and leaves that core to the server's
+    # process unless the step is 1.5x faster on all (engine.py: choose_cpu_threads); an
+    # engine in the server's process takes torch's default (every core).
+    num_threads: int | None = Field(None, ge=1)
     # slots engine on a CPU: its steps and the content filter's encoder batches take turns on
     # the cores instead of running side by side (components/cpu_turns.py says why).
     cpu_turns: bool = True

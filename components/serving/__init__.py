@@ -2,6 +2,7 @@
 
 - engine.py: GenerationStream, the adaptive engine's BatchGenerator, ContinuousEngine
 - slots.py: SlotEngine (the default): iteration-level batching over per-request KV-cache slots
+- engine_process.py: EngineProcess, the SlotEngine in a child process (the default: serving.engine_process)
 - openai_api.py: schemas, FastAPI app, SSE, error handlers
 - errors.py: the one error family and its OpenAI/HTTP mapping
 - admission.py: bounded admission (429) and per-request deadlines (504)

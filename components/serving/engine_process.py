@@ -1,0 +1,355 @@
+"""The slots engine in a process of its own (serving.engine_process), as vLLM's V1 runs its
+engine core apart from its API server.
+
+Why: in one process the engine's thread and the event loop (HTTP, SSE, the gateway's keys,
+limits and checks, the request log) share one GIL. On a small model a decoding step is
+mostly Python between short tensor calls, so every bit of Python the event loop runs delays
+the engine's next call: on the 1.4M demo model, steps ran ~8 % slower with the gateway on
+than off, with the server using only ~1 of 2 cores (benchmarks/README.md). Apart, the
+engine's process runs its steps while the server's process runs everything else.
+
+How: the server's process keeps the tokenizer (load_tokenizer) and everything in front of
+the engine; EngineProcess is its Backend. The child (`python -m
+components.serving.engine_process`) loads the model and runs a SlotEngine as configured.
+They talk over two pipes (multiprocessing Connections: pickled messages):
+  server -> engine: ("submit", request id, prompt ids, params, interval), ("cancel", id),
+                    ("swap", state dict), ("stop",)
+  engine -> server: ("ready", facts) or ("failed", why) once; then ("events", [(id, event)],
+                    [batch sizes]) once per step (the step's tokens and finishes for every
+                    stream together), ("swapped", error or None).
+Each stream on the server's side is the GenerationStream the API made; the child runs a twin
+of it whose deliveries go into the pipe instead of onto an event loop. If the child dies,
+every running request fails with 503 and is_running (what /readyz reads) turns false.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from components.serving.engine import GenerationStream, LoadedModel, _deliver_all
+from components.serving.errors import ServingError, Unavailable
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _put(conn: Connection, msg: tuple) -> None:
+    """Plain pickle, not Connection.send's: once torch is imported, that one sends a tensor as
+    a shared-memory handle which the other process fetches from this one's resource sharer,
+    with an authentication key the two unrelated processes do not share (a weight swap failed
+    with 'digest received was wrong'). Pickled, a tensor travels as its bytes."""
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _get(conn: Connection) -> tuple:
+    return pickle.loads(conn.recv_bytes())
+
+
+class EngineProcess:
+    """An openai_api Backend over a SlotEngine in a child process (module docstring)."""
+
+    engine = "slots"
+
+    def __init__(self, loaded: LoadedModel, serving, on_batch=None, on_turn=None, ready_timeout_s: float = 900.0):
+        self.loaded = loaded
+        self.serving = serving
+        self.on_batch = on_batch
+        self.on_turn = on_turn  # (holder, seconds): the child's engine steps (components/cpu_turns.py)
+        self.ready_timeout_s = ready_timeout_s
+        self.ready = threading.Event()  # start-up is over (serving, or failed: see is_running)
+        self.failed: str | None = None
+        # what the child reports once its engine is up
+        self.forward_name, self.compile_mode, self.compiled, self.compile_seconds = "?", "off", False, 0.0
+        self.max_len = loaded.context_length
+        self.dtype = None  # the weights' torch dtype in the child (a weight swap loads in it)
+        self.swap_error: Exception | None = None
+        self._swap_done: threading.Event | None = None
+        self._proc: subprocess.Popen | None = None
+        self._send_conn: Connection | None = None
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, GenerationStream] = {}  # running here, by request id
+        self._stopping = False
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def launch(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "components.serving.engine_process", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), env=env, cwd=str(REPO_ROOT))
+        os.close(to_child_r)
+        os.close(from_child_w)  # the child's end only: EOF here when it exits
+        self._send_conn = Connection(to_child_w, readable=False)
+        self._send(("start", str(self.loaded.path), self.serving.model_dump(mode="json")))
+        threading.Thread(target=self._read, args=(Connection(from_child_r, writable=False),),
+                         name="engine-process-reader", daemon=True).start()
+        threading.Thread(target=self._watch_start, name="engine-process-start", daemon=True).start()
+
+    def _watch_start(self) -> None:
+        if not self.ready.wait(self.ready_timeout_s):
+            self._died(f"the engine process was not ready after {self.ready_timeout_s:.0f} s")
+            self.stop()
+
+    def _read(self, conn: Connection) -> None:
+        """The server's side of the pipe from the child: hands each step's events to the streams' loops."""
+        try:
+            while True:
+                msg = _get(conn)
+                kind = msg[0]
+                if kind == "events":
+                    self._deliver(msg[1])
+                    if self.on_batch is not None:
+                        for size in msg[2]:
+                            self.on_batch(size)
+                    if self.on_turn is not None and msg[3]:
+                        self.on_turn("engine", msg[3])
+                elif kind == "ready":
+                    facts = msg[1]
+                    self.forward_name, self.compile_mode = facts["forward_name"], facts["compile_mode"]
+                    self.compiled, self.compile_seconds = facts["compiled"], facts["compile_seconds"]
+                    self.max_len, self.dtype = facts["context_length"], facts["dtype"]
+                    log.info("engine process %d: ready (%s)", self._proc.pid, facts["describe"])
+                    self.ready.set()
+                elif kind == "failed":
+                    self._died(msg[1])
+                elif kind == "swapped":
+                    self.swap_error = msg[1]
+                    if self._swap_done is not None:
+                        self._swap_done.set()
+        except (EOFError, OSError):
+            pass
+        except Exception:  # a message this side cannot read: the pipe's state is unknown
+            log.exception("engine process: reading its messages failed")
+        code = self._proc.wait()
+        if not self._stopping:
+            self._died(f"the engine process exited with code {code}")
+        elif self._streams:  # stopped: whatever it did not end is ended here (nobody waits forever)
+            ending = Unavailable("the server is shutting down", retry_after_s=1)
+            self._deliver([(rid, ("finish", "error", ending)) for rid in list(self._streams)])
+
+    def _deliver(self, items: list) -> None:
+        by_loop: dict = {}
+        for request_id, event in items:
+            stream = self._streams.get(request_id)
+            if stream is None:  # cancelled here already: late tokens are dropped
+                continue
+            if event[0] == "finish":
+                self._streams.pop(request_id, None)
+            by_loop.setdefault(stream.loop, []).append((stream, event))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, batch)
+            except RuntimeError:  # loop closed: the server is shutting down
+                pass
+
+    def _died(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+            log.error("engine process: %s", why)
+        self.ready.set()  # start-up is over, badly: whoever waits reads is_running / failed
+        error = Unavailable(f"the generation engine died: {why}", retry_after_s=1)
+        self._deliver([(rid, ("finish", "error", error)) for rid in list(self._streams)])
+        if self._swap_done is not None:
+            self.swap_error = RuntimeError(why)
+            self._swap_done.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        try:
+            self._send(("stop",))
+            self._proc.wait(timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            self._proc.kill()
+            self._proc.wait(5)
+
+    @property
+    def is_running(self) -> bool:
+        return (self._proc is not None and self._proc.poll() is None and self.failed is None
+                and self.ready.is_set())
+
+    @property
+    def context_length(self) -> int:
+        return self.max_len
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            _put(self._send_conn, msg)
+
+    # ---- requests ---------------------------------------------------------------------
+    def submit(self, stream: GenerationStream) -> None:
+        """Start stream's generation in the child (call on its event loop)."""
+        if not self.is_running:
+            raise Unavailable(f"the generation engine is not running{': ' + self.failed if self.failed else ''}; "
+                              "the server is not ready", retry_after_s=1)
+        stream.claimed = True
+        rid = stream.request_id
+        self._streams[rid] = stream
+        try:
+            self._send(("submit", rid, stream.prompt_ids, stream.params, stream.interval_s))
+        except OSError as exc:
+            self._streams.pop(rid, None)
+            raise Unavailable(f"the generation engine is not reachable ({exc})", retry_after_s=1) from exc
+        stream.add_cancel_hook(lambda: self._cancel(rid))
+
+    def _cancel(self, rid: str) -> None:
+        self._streams.pop(rid, None)
+        try:
+            self._send(("cancel", rid))
+        except OSError:  # the child is gone: nothing to stop
+            pass
+
+    def swap_weights(self, state: dict) -> threading.Event:
+        """SlotEngine.swap_weights in the child; the event is set when it is done (swap_error says if it failed)."""
+        if self._swap_done is not None and not self._swap_done.is_set():
+            raise RuntimeError("a weight swap is already in progress")
+        self.swap_error = None
+        self._swap_done = threading.Event()
+        self._send(("swap", {k: v.detach().cpu() for k, v in state.items()}))
+        return self._swap_done
+
+
+# ---------------------------------------------------------------------------------------
+# the child
+
+
+class _Pipe:
+    """What the child's streams take for their event loop: a step's deliveries (batched_delivery
+    hands them over together) go to the server in one message, with the step's batch sizes."""
+
+    def __init__(self, conn: Connection, streams: dict):
+        self.conn, self.streams = conn, streams
+        self.lock = threading.Lock()
+        self.batches: list[int] = []
+        self.turn_seconds = 0.0  # the engine's steps since the last message
+
+    def call_soon_threadsafe(self, fn, arg) -> None:
+        if fn is _deliver_all:
+            items = [(stream.request_id, event) for stream, event in arg]
+        else:  # one stream's _deliver, outside a step
+            items = [(fn.__self__.request_id, arg)]
+        sent = []
+        for rid, event in items:
+            if event[0] == "finish":
+                self.streams.pop(rid, None)
+                if event[2] is not None:
+                    event = ("finish", event[1], _portable(event[2]))
+            sent.append((rid, event))
+        with self.lock:
+            batches, self.batches = self.batches, []
+            seconds, self.turn_seconds = self.turn_seconds, 0.0
+            _put(self.conn, ("events", sent, batches, seconds))
+
+    def on_batch(self, size: int) -> None:
+        self.batches.append(size)
+
+    def on_turn(self, holder: str, seconds: float) -> None:
+        self.turn_seconds += seconds
+
+
+def _portable(error: BaseException) -> BaseException:
+    """An error the server's side can unpickle: ServingErrors as they are, others as their text."""
+    if isinstance(error, ServingError):
+        try:
+            pickle.loads(pickle.dumps(error))
+            return error
+        except Exception:  # noqa: BLE001
+            pass
+    return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _child(read_fd: int, write_fd: int) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s engine-process[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    _, model_dir, serving_dict = _get(inbox)
+    try:
+        from components.config import ServingConfig
+        from components.serving.engine import choose_cpu_threads, load_model
+        from components.serving.slots import SlotEngine
+
+        serving = ServingConfig.model_validate(serving_dict)
+        loaded = load_model(model_dir, serving.num_threads, serving.dtype)
+        if serving.num_threads is None:
+            log.info("engine threads: %s", choose_cpu_threads(loaded.model)[1])
+        streams: dict[str, GenerationStream] = {}
+        pipe = _Pipe(outbox, streams)
+        engine = SlotEngine.from_config(loaded, serving, pipe.on_batch)
+        if serving.cpu_turns and loaded.model.device.type == "cpu":
+            # The engine is the only holder here (the filter's encoder is in the server's
+            # process): turns cost nothing but count its steps' seconds for the server's metric.
+            from components.cpu_turns import CPU_TURNS
+
+            CPU_TURNS.enable(pipe.on_turn)
+        started = time.perf_counter()
+        engine.launch()
+        engine.ready.wait()
+        if not engine.is_running:
+            raise RuntimeError("the slots engine did not start; see this process's log")
+    except BaseException as exc:  # noqa: BLE001 - said to the server, which stays not ready
+        log.exception("the engine process could not start")
+        _put(outbox, ("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    import torch
+
+    from components.serving.setup import freeze_heap
+
+    freeze_heap()  # as the server's process does after its warm-up: no full GC pass stalls a step
+    _put(outbox, ("ready", {
+        "forward_name": engine.forward_name, "compile_mode": engine.compile_mode, "compiled": engine.compiled,
+        "compile_seconds": engine.compile_seconds, "context_length": engine.context_length,
+        "dtype": loaded.model.dtype,
+        "describe": f"{engine.plan.describe()}; forward {engine.forward_name}; {torch.get_num_threads()} threads; "
+                    f"up in {time.perf_counter() - started:.1f} s"}))
+    try:
+        while True:
+            msg = _get(inbox)
+            kind = msg[0]
+            if kind == "submit":
+                _, rid, prompt_ids, params, interval_s = msg
+                stream = GenerationStream(rid, prompt_ids, params, loop=pipe, interval_s=interval_s)
+                streams[rid] = stream
+                try:
+                    engine.submit(stream)
+                except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                    stream.finish("error", exc)
+            elif kind == "cancel":
+                stream = streams.pop(msg[1], None)
+                if stream is not None:
+                    stream._cancelled.set()  # the engine frees its slot at its next step
+            elif kind == "swap":
+                threading.Thread(target=_swap, args=(engine, msg[1], pipe), daemon=True).start()
+            elif kind == "stop":
+                break
+    except (EOFError, OSError):  # the server's process is gone
+        pass
+    engine.stop()
+
+
+def _swap(engine, state: dict, pipe: _Pipe) -> None:
+    try:
+        engine.swap_weights(state).wait()
+        error = engine.swap_error
+    except Exception as exc:  # noqa: BLE001 - the old weights stay; the server is told
+        error = exc
+    with pipe.lock:
+        _put(pipe.conn, ("swapped", None if error is None else _portable(error)))
+
+
+if __name__ == "__main__":
+    _child(int(sys.argv[1]), int(sys.argv[2]))
