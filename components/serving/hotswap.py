@@ -25,8 +25,8 @@ log = logging.getLogger("bentoml.tuneloop.hotswap")
 _IGNORED = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "_commit_hash"}
 
 
-def _config_of(model) -> dict:
-    return {k: v for k, v in model.config.to_dict().items() if k not in _IGNORED}
+def _config_of(config) -> dict:
+    return {k: v for k, v in config.to_dict().items() if k not in _IGNORED}
 
 
 class ChampionWatcher:
@@ -103,8 +103,14 @@ class ChampionWatcher:
             found = sorted(target.glob("**/config.json"))
         folder = _model_folder(found[0].parent if found else Path(target))
         loaded = self.server.loaded
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=loaded.model.dtype)
-        if _config_of(model) != _config_of(loaded.model):
+        if loaded.model is not None:
+            served_config, dtype = loaded.model.config, loaded.model.dtype
+        else:  # the weights are in the engine's process (serving.engine_process): it says their dtype
+            from transformers import AutoConfig
+
+            served_config, dtype = AutoConfig.from_pretrained(loaded.path), self.engine.dtype
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        if _config_of(model.config) != _config_of(served_config):
             raise ValueError("its model config differs from the served model's")
         if AutoTokenizer.from_pretrained(folder).get_vocab() != loaded.tokenizer.get_vocab():
             raise ValueError("its tokenizer differs from the served model's")
