@@ -161,9 +161,12 @@ def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path
     assert logged == {v1, v2}
 
 
-def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_path):
+@pytest.mark.parametrize("engine_process", ["false", "true"], ids=["engine-thread", "engine-process"])
+def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_path, engine_process):
     """The same through a real `bentoml serve` of a registered version: promote v2 in the
-    registry while a client streams; the server reports v2 within the poll, no request fails."""
+    registry while a client streams; the server reports v2 within the poll, no request fails.
+    With the engine in its own process (serving.engine_process), the new weights cross into
+    it and it answers as v2."""
     import json
     import sys
     import threading
@@ -191,7 +194,8 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     env = {"TUNELOOP_HOME": str(home), "BENTOML_HOME": str(tmp_path / "bentoml"),
            "TUNELOOP_SERVE_MODEL_DIR": str(models["a"]), "TUNELOOP_SERVE_MODEL_NAME": name,
            "TUNELOOP_SERVE_MODEL_VERSION": v1, "TUNELOOP__SERVING__FOLLOW_CHAMPION_S": "1",
-           "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1", **GATEWAY_OFF}
+           "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1",
+           "TUNELOOP__SERVING__ENGINE_PROCESS": engine_process, **GATEWAY_OFF}
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
            "--port", str(port)]
     body = {"model": name, "max_tokens": 16, "temperature": 0, "stream": True,
@@ -223,7 +227,16 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
         for t in threads:
             t.join(30)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        prompt = models["loaded_b"].tokenizer("Hello there", add_special_tokens=False)["input_ids"]
+        r = httpx.post(f"{url}/v1/completions", timeout=30,
+                       json={"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        answered = r.json()["choices"][0]["text"]
     assert serving == f"{name}:{v2}", (tmp_path / "serve.log").read_text()[-3000:]
     assert seen and all(status == 200 and not err for status, err, _ in seen), seen
     assert {m for _, _, m in seen} == {f"{name}:{v1}", f"{name}:{v2}"}
     assert f'tuneloop_model_info{{model="{name}:{v2}"}} 1.0' in metrics
+    # v2's own answer, from the engine wherever it runs: b's greedy tokens, not a's
+    decode = models["loaded_b"].tokenizer.decode
+    want_a, want_b = (decode(reference(models[m], prompt, 8)) for m in ("loaded_a", "loaded_b"))
+    assert want_a != want_b and answered == want_b, (answered, want_a, want_b)

@@ -1,0 +1,196 @@
+"""The slots engine in a process of its own (serving.engine_process,
+components/serving/engine_process.py): the same tokens as generate() for many requests that
+join, queue and leave; cancellation frees the child's slot; a child that dies fails its
+running requests with 503 at once and turns the server not ready; stopping ends running and
+queued streams; a model the child cannot load is reported, not hung on. Through the real
+`bentoml serve`, with a weight swap into the child: test_hotswap.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.serving_tiny_model import build_tiny_model  # noqa: E402
+from tests.test_serving_engine import PROMPTS, collect, read_then_cancel, reference  # noqa: E402
+from tests.test_serving_slots import many_specs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def loaded(folder):
+    from components.serving.engine import load_model
+
+    return load_model(folder, num_threads=1)
+
+
+def serving(**kw):
+    from components.config import ServingConfig
+
+    return ServingConfig.model_validate({"engine_process": True, "compile": False, "num_threads": 1, **kw})
+
+
+def run(folder, test, **settings):
+    """await test(engine) against an EngineProcess over folder's model; stopped after."""
+    from components.serving.engine import load_tokenizer
+    from components.serving.engine_process import EngineProcess
+
+    sizes: list[int] = []
+
+    async def main():
+        engine = EngineProcess(load_tokenizer(folder), serving(**settings), on_batch=sizes.append)
+        engine.launch()
+        try:
+            await asyncio.to_thread(engine.ready.wait, 300)
+            return await test(engine), engine, sizes
+        finally:
+            await asyncio.to_thread(engine.stop)
+
+    return asyncio.run(main())
+
+
+def stream(rid, ids, max_tokens):
+    from components.serving.engine import GenerationStream, SamplingParams
+
+    return GenerationStream(rid, ids, SamplingParams(max_new_tokens=max_tokens, temperature=0.0))
+
+
+def test_greedy_through_the_child_equals_generate_with_joins_leaves_and_a_queue(folder, loaded):
+    specs = many_specs(loaded)
+
+    async def test(engine):
+        assert engine.is_running and engine.forward_name == "fused", engine.failed
+        streams = []
+        for i, (ids, params) in enumerate(specs):
+            from components.serving.engine import GenerationStream
+
+            streams.append(GenerationStream(f"s{i}", ids, params))
+            engine.submit(streams[-1])
+            await asyncio.sleep(0.002 * (i % 3))  # some join a running batch
+        return await asyncio.gather(*(collect(s) for s in streams))
+
+    results, engine, sizes = run(folder, test, max_batch_size=8)
+    for (ids, params), (got, finish) in zip(specs, results):
+        want = reference(loaded, ids, params.max_new_tokens)
+        assert got == want, f"prompt of {len(ids)} tokens, max_tokens {params.max_new_tokens}"
+        assert finish == ("length" if len(want) == params.max_new_tokens else "stop")
+    assert sizes and max(sizes) <= 8  # the child's batch sizes reach the server's metrics
+    assert engine.context_length == 256 and not engine.is_running  # stopped after the test
+
+
+def test_a_cancelled_generation_frees_its_slot_in_the_child(folder, loaded):
+    ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
+
+    async def test(engine):
+        doomed, other, waiting = stream("k", ids, 200), stream("o", ids, 30), stream("w", ids, 5)
+        for s in (doomed, other, waiting):  # two slots: `waiting` needs the cancelled one's
+            engine.submit(s)
+        got = await read_then_cancel(doomed)
+        return got, doomed.finish_reason, (await collect(other))[0], (await collect(waiting))[0]
+
+    (got, reason, other_ids, waiting_ids), _, _ = run(folder, test, max_batch_size=2)
+    assert reason == "cancelled" and got < 200
+    assert other_ids == reference(loaded, ids, 30)
+    assert waiting_ids == reference(loaded, ids, 5)
+
+
+def test_a_child_that_dies_fails_its_requests_at_once_and_the_server_turns_not_ready(folder, loaded):
+    from components.serving.errors import Unavailable
+
+    ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
+
+    async def test(engine):
+        running = [stream(f"r{i}", ids, 250) for i in range(3)]
+        for s in running:
+            engine.submit(s)
+        async for _ in running[0].events():
+            break  # generating
+        os.kill(engine.pid, signal.SIGKILL)
+        outcomes = []
+        for s in running:
+            try:
+                await asyncio.wait_for(collect(s), timeout=10)
+                outcomes.append(s.finish_reason)
+            except Unavailable as exc:
+                outcomes.append(exc.status)
+        with pytest.raises(Unavailable, match="not running"):
+            engine.submit(stream("late", ids, 5))
+        return outcomes, engine.is_running, engine.failed
+
+    (outcomes, running, failed), _, _ = run(folder, test)
+    assert outcomes == [503, 503, 503]
+    assert not running and "exited" in failed
+
+
+def test_stopping_ends_running_and_queued_streams(folder, loaded):
+    from components.serving.errors import Unavailable
+
+    ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
+
+    async def test(engine):
+        running, beside, queued = stream("r", ids, 250), stream("b", ids, 250), stream("q", ids, 5)
+        for s in (running, beside, queued):  # two slots: `queued` waits
+            engine.submit(s)
+        async for _ in running.events():
+            break
+        await asyncio.to_thread(engine.stop)
+        outcomes = []
+        for s in (running, beside, queued):
+            try:
+                await asyncio.wait_for(collect(s), timeout=10)
+                outcomes.append(s.finish_reason)
+            except Unavailable as exc:
+                outcomes.append(str(exc))
+        return outcomes
+
+    outcomes, engine, _ = run(folder, test, max_batch_size=2)
+    assert outcomes == ["the server is shutting down"] * 3
+    assert engine.failed is None  # a stop is not a death
+
+
+def test_a_model_the_child_cannot_load_is_reported_not_waited_on(tmp_path):
+    from components.serving.engine_process import EngineProcess
+    from components.serving.errors import Unavailable
+
+    folder = build_tiny_model(tmp_path / "m")
+    from components.serving.engine import load_tokenizer
+
+    loaded = load_tokenizer(folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+
+    async def main():
+        engine = EngineProcess(loaded, serving())
+        engine.launch()
+        assert await asyncio.to_thread(engine.ready.wait, 120)
+        with pytest.raises(Unavailable):
+            engine.submit(stream("x", [1, 2, 3], 4))
+        await asyncio.to_thread(engine.stop)
+        return engine
+
+    engine = asyncio.run(main())
+    assert not engine.is_running and "cannot load the model" in engine.failed
+
+
+def test_errors_cross_the_process_boundary_as_the_server_can_read_them():
+    import pickle
+
+    from components.serving.engine_process import _portable
+    from components.serving.errors import InvalidRequest
+
+    err = pickle.loads(pickle.dumps(_portable(InvalidRequest("too long", param="messages"))))
+    assert isinstance(err, InvalidRequest) and err.status == 400 and err.message == "too long"
+
+    class Local(Exception):  # defined here: the server's side could not unpickle it
+        pass
+
+    other = pickle.loads(pickle.dumps(_portable(Local("boom"))))
+    assert type(other) is RuntimeError and "Local: boom" in str(other)
