@@ -54,7 +54,12 @@ def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
     env.update({"TUNELOOP_HOME": str(tmp_path / "home"), "BENTOML_HOME": str(tmp_path / "bentoml"),
                 "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
                 # the converted folder the fixture made (the config's home is per test here)
-                "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir), **GATEWAY_OFF})
+                "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir),
+                # The answer is checked in float32. On a CPU with AVX-512 BF16, serving.dtype
+                # auto serves bfloat16 (2x faster here), and its greedy answer to this question
+                # is "L'Étoile, la Marseillaise, la femme," (measured 2026-12-04): a 135M model's
+                # argmax is that close. The README says so under serving.dtype.
+                "TUNELOOP__SERVING__DTYPE": "float32", **GATEWAY_OFF})
     cmd = [sys.executable, "-m", "components.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
     with service(cmd, f"http://127.0.0.1:{port}/readyz", tmp_path / "serve.log", env=env, timeout=400, cwd=ROOT):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
