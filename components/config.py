@@ -606,10 +606,9 @@ class ServingConfig(Section):
     default_max_tokens: int | None = Field(None, ge=1)
     max_tokens_limit: int | None = Field(None, ge=1)
     warmup_requests: int = Field(12, ge=0)
-    # torch intra-op threads. None: an engine in its own process (engine_process) times a
-    # decoding step on every core and on one fewer, and leaves that core to the server's
-    # process unless the step is 1.5x faster on all (engine.py: choose_cpu_threads); an
-    # engine in the server's process takes torch's default (every core).
+    # torch intra-op threads (of the engine's process with engine_process). None: torch's
+    # default, every core. Leaving a core to the server's process was measured and lost
+    # (benchmarks/README.md: the engine in its own process).
     num_threads: int | None = Field(None, ge=1)
     # slots engine on a CPU: its steps and the content filter's encoder batches take turns on
     # the cores instead of running side by side (components/cpu_turns.py says why).

@@ -349,36 +349,6 @@ def choose_cpu_dtype(model, requested: str = "auto"):
                    f"bfloat16 {bf16 * 1e3:.1f} ms)"
 
 
-THREADS_MARGIN = 1.5  # every core only when a decoding step is at least this much faster on them
-
-
-def choose_cpu_threads(model) -> tuple[int, str]:
-    """The torch threads of an engine in a process of its own (serving.engine_process with
-    num_threads unset): every core, or one fewer, which leaves a core to the server's
-    process (its event loop, the gateway, the request log). A 32-row decoding-sized forward
-    is timed both ways (best of 3); every core only when that is THREADS_MARGIN times
-    faster. A small model's step is short operators whose parallel regions gain little and
-    stall whenever anything else runs on a core; a real model's matrix products scale.
-    Returns (threads, what was measured)."""
-    import os
-
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cores < 2 or model.device.type != "cpu":
-        return torch.get_num_threads(), "one core" if cores < 2 else "torch's default (not a CPU model)"
-    vocab = model.get_output_embeddings().weight.shape[0]
-    batch = [torch.randint(0, vocab, (32, 1), generator=torch.Generator().manual_seed(0))]
-    seconds = {}
-    for n in (cores - 1, cores):
-        torch.set_num_threads(n)
-        seconds[n] = _forward_seconds(model, batch)
-    choice = cores if seconds[cores - 1] >= THREADS_MARGIN * seconds[cores] else cores - 1
-    torch.set_num_threads(choice)
-    return choice, (f"{choice} (measured: a decoding step {seconds[cores - 1] * 1e3:.1f} ms on {cores - 1}, "
-                    f"{seconds[cores] * 1e3:.1f} ms on {cores}; every core only when {THREADS_MARGIN}x faster)")
-
-
 def load_model(model_dir: Path | str, num_threads: int | None = None, dtype: str = "float32") -> LoadedModel:
     """Load a Hugging Face causal LM folder for serving (sdpa attention, left padding).
 

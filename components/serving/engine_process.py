@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -131,6 +132,10 @@ class EngineProcess:
         except Exception:  # a message this side cannot read: the pipe's state is unknown
             log.exception("engine process: reading its messages failed")
         code = self._proc.wait()
+        if not self._stopping and code in (-signal.SIGTERM, -signal.SIGINT):
+            # the server's process group is being stopped (bentoml serve, Ctrl+C): not a crash
+            self._stopping = True
+            log.info("engine process: stopped by signal %d", -code)
         if not self._stopping:
             self._died(f"the engine process exited with code {code}")
         elif self._streams:  # stopped: whatever it did not end is ended here (nobody waits forever)
@@ -280,13 +285,11 @@ def _child(read_fd: int, write_fd: int) -> None:
     _, model_dir, serving_dict = _get(inbox)
     try:
         from components.config import ServingConfig
-        from components.serving.engine import choose_cpu_threads, load_model
+        from components.serving.engine import load_model
         from components.serving.slots import SlotEngine
 
         serving = ServingConfig.model_validate(serving_dict)
         loaded = load_model(model_dir, serving.num_threads, serving.dtype)
-        if serving.num_threads is None:
-            log.info("engine threads: %s", choose_cpu_threads(loaded.model)[1])
         streams: dict[str, GenerationStream] = {}
         pipe = _Pipe(outbox, streams)
         engine = SlotEngine.from_config(loaded, serving, pipe.on_batch)
