@@ -4,9 +4,10 @@ engine core apart from its API server.
 Why: in one process the engine's thread and the event loop (HTTP, SSE, the gateway's keys,
 limits and checks, the request log) share one GIL. On a small model a decoding step is
 mostly Python between short tensor calls, so every bit of Python the event loop runs delays
-the engine's next call: on the 1.4M demo model, steps ran ~8 % slower with the gateway on
-than off, with the server using only ~1 of 2 cores (benchmarks/README.md). Apart, the
-engine's process runs its steps while the server's process runs everything else.
+the engine's next call: on the 1.4M demo model the gateway cost 7-15 % of the output
+tokens/s with the engine on a thread, and 1-2 % with it in its own process (gateway on/off
+0.986 in one run; benchmarks/README.md). Apart, the engine's process runs its steps while
+the server's process runs everything else.
 
 How: the server's process keeps the tokenizer (load_tokenizer) and everything in front of
 the engine; EngineProcess is its Backend. The child (`python -m
