@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from tests.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import PROMPTS, collect, read_then_cancel, reference  # noqa: E402
+from tests.test_serving_engine import PROMPTS, collect, endings, read_then_cancel, reference  # noqa: E402
 from tests.test_serving_slots import many_specs  # noqa: E402
 
 
@@ -115,13 +115,7 @@ def test_a_child_that_dies_fails_its_requests_at_once_and_the_server_turns_not_r
         async for _ in running[0].events():
             break  # generating
         os.kill(engine.pid, signal.SIGKILL)
-        outcomes = []
-        for s in running:
-            try:
-                await asyncio.wait_for(collect(s), timeout=10)
-                outcomes.append(s.finish_reason)
-            except Unavailable as exc:
-                outcomes.append(exc.status)
+        outcomes = await endings(running, how=lambda exc: exc.status)
         with pytest.raises(Unavailable, match="not running"):
             engine.submit(stream("late", ids, 5))
         return outcomes, engine.is_running, engine.failed
@@ -132,8 +126,6 @@ def test_a_child_that_dies_fails_its_requests_at_once_and_the_server_turns_not_r
 
 
 def test_stopping_ends_running_and_queued_streams(folder, loaded):
-    from components.serving.errors import Unavailable
-
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
     async def test(engine):
@@ -143,14 +135,7 @@ def test_stopping_ends_running_and_queued_streams(folder, loaded):
         async for _ in running.events():
             break
         await asyncio.to_thread(engine.stop)
-        outcomes = []
-        for s in (running, beside, queued):
-            try:
-                await asyncio.wait_for(collect(s), timeout=10)
-                outcomes.append(s.finish_reason)
-            except Unavailable as exc:
-                outcomes.append(str(exc))
-        return outcomes
+        return await endings((running, beside, queued))
 
     outcomes, engine, _ = run(folder, test, max_batch_size=2)
     assert outcomes == ["the server is shutting down"] * 3

@@ -68,6 +68,20 @@ async def collect(stream) -> tuple[list[int], str]:
     return ids, stream.finish_reason
 
 
+async def endings(streams, how=str, timeout: float = 10) -> list:
+    """How each stream ended: its finish_reason, or how(the Unavailable it ended with)."""
+    from components.serving.errors import Unavailable
+
+    outcomes = []
+    for s in streams:
+        try:
+            await asyncio.wait_for(collect(s), timeout=timeout)
+            outcomes.append(s.finish_reason)
+        except Unavailable as exc:
+            outcomes.append(how(exc))
+    return outcomes
+
+
 def run_adaptive(loaded, specs, sizes=None):
     """Run (prompt_ids, SamplingParams) specs as one adaptive batch; [(ids, finish_reason)]."""
     from components.serving.engine import BatchGenerator, GenerationStream

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from tests.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import PROMPTS, collect, read_then_cancel, reference, run_adaptive  # noqa: E402
+from tests.test_serving_engine import PROMPTS, collect, endings, read_then_cancel, reference, run_adaptive  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -307,16 +307,7 @@ def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
         async for _ in running.events():
             break  # it is generating (and `queued` waits for its slot)
         await asyncio.to_thread(engine.stop)
-        outcomes = []
-        for s in (running, queued):
-            try:
-                await asyncio.wait_for(collect(s), timeout=10)
-                outcomes.append(s.finish_reason)
-            except Unavailable as exc:
-                outcomes.append(str(exc))
-        return outcomes
-
-    from components.serving.errors import Unavailable
+        return await endings((running, queued))
 
     assert asyncio.run(main()) == ["the server is shutting down"] * 2
 

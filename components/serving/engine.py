@@ -213,14 +213,19 @@ def batched_delivery():
         yield
     finally:
         held, _held_deliveries.pending = _held_deliveries.pending, None
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for stream, event in held:
-            by_loop.setdefault(stream.loop, []).append((stream, event))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver_all, items)
-            except RuntimeError:  # loop closed: the server is shutting down
-                pass
+        post_deliveries(held)
+
+
+def post_deliveries(pairs: list[tuple[GenerationStream, tuple]]) -> None:
+    """(stream, event) pairs handed to their streams' event loops: one callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for stream, event in pairs:
+        by_loop.setdefault(stream.loop, []).append((stream, event))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver_all, items)
+        except RuntimeError:  # loop closed: the server is shutting down
+            pass
 
 
 def _deliver_all(items: list[tuple[GenerationStream, tuple]]) -> None:

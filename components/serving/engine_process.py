@@ -36,7 +36,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from components.serving.engine import GenerationStream, LoadedModel, _deliver_all
+from components.serving.engine import GenerationStream, LoadedModel, _deliver_all, post_deliveries
 from components.serving.errors import ServingError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -144,19 +144,15 @@ class EngineProcess:
             self._deliver([(rid, ("finish", "error", ending)) for rid in list(self._streams)])
 
     def _deliver(self, items: list) -> None:
-        by_loop: dict = {}
+        pairs = []
         for request_id, event in items:
             stream = self._streams.get(request_id)
             if stream is None:  # cancelled here already: late tokens are dropped
                 continue
             if event[0] == "finish":
                 self._streams.pop(request_id, None)
-            by_loop.setdefault(stream.loop, []).append((stream, event))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver_all, batch)
-            except RuntimeError:  # loop closed: the server is shutting down
-                pass
+            pairs.append((stream, event))
+        post_deliveries(pairs)
 
     def _died(self, why: str) -> None:
         if self.failed is None:
