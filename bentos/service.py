@@ -162,6 +162,8 @@ class TuneloopLLM:
                                            on_batch=on_batch)
         if self.engine is not None:
             self.engine.launch()
+            if hasattr(self.engine, "wait_loaded"):  # the engine's process: fail the start as load_model would
+                self.engine.wait_loaded()
             backend = self.engine
         else:  # adaptive: BentoML's batcher calls generate_batch
             self.batcher = BatchGenerator(loaded, on_batch=on_batch)

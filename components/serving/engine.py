@@ -275,8 +275,12 @@ def load_tokenizer(model_dir: Path | str) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     path = _model_folder(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+    except Exception as exc:  # one line that says what and where, as load_model does
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ServingSetupError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from exc
     try:
         generation = GenerationConfig.from_pretrained(path)
     except OSError:

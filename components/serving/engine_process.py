@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from components.serving.engine import GenerationStream, LoadedModel, _deliver_all, post_deliveries
-from components.serving.errors import ServingError, Unavailable
+from components.serving.errors import ServingError, ServingSetupError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class EngineProcess:
         self.on_batch = on_batch
         self.on_turn = on_turn  # (holder, seconds): the child's engine steps (components/cpu_turns.py)
         self.ready_timeout_s = ready_timeout_s
+        self.loaded_model = threading.Event()  # the child has the weights (or start-up failed)
         self.ready = threading.Event()  # start-up is over (serving, or failed: see is_running)
         self.failed: str | None = None
         # what the child reports once its engine is up
@@ -115,6 +116,8 @@ class EngineProcess:
                             self.on_batch(size)
                     if self.on_turn is not None and msg[3]:
                         self.on_turn("engine", msg[3])
+                elif kind == "loaded":
+                    self.loaded_model.set()
                 elif kind == "ready":
                     facts = msg[1]
                     self.forward_name, self.compile_mode = facts["forward_name"], facts["compile_mode"]
@@ -158,12 +161,23 @@ class EngineProcess:
         if self.failed is None:
             self.failed = why
             log.error("engine process: %s", why)
+        self.loaded_model.set()
         self.ready.set()  # start-up is over, badly: whoever waits reads is_running / failed
         error = Unavailable(f"the generation engine died: {why}", retry_after_s=1)
         self._deliver([(rid, ("finish", "error", error)) for rid in list(self._streams)])
         if self._swap_done is not None:
             self.swap_error = RuntimeError(why)
             self._swap_done.set()
+
+    def wait_loaded(self) -> None:
+        """Block until the child holds the model's weights; ServingSetupError (the child's
+        reason, in one line) when it cannot load them, as load_model raises in-process: the
+        server then fails its start instead of staying up and never ready."""
+        if not self.loaded_model.wait(self.ready_timeout_s):
+            self._died(f"the engine process had not loaded the model after {self.ready_timeout_s:.0f} s")
+        if self.failed is not None:
+            self.stop()
+            raise ServingSetupError(self.failed)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
@@ -287,6 +301,7 @@ def _child(read_fd: int, write_fd: int) -> None:
 
         serving = ServingConfig.model_validate(serving_dict)
         loaded = load_model(model_dir, serving.num_threads, serving.dtype)
+        _put(outbox, ("loaded",))
         streams: dict[str, GenerationStream] = {}
         pipe = _Pipe(outbox, streams)
         engine = SlotEngine.from_config(loaded, serving, pipe.on_batch)
@@ -303,7 +318,8 @@ def _child(read_fd: int, write_fd: int) -> None:
             raise RuntimeError("the slots engine did not start; see this process's log")
     except BaseException as exc:  # noqa: BLE001 - said to the server, which stays not ready
         log.exception("the engine process could not start")
-        _put(outbox, ("failed", f"{type(exc).__name__}: {exc}"))
+        # load_model's ServingSetupError is already one line that says what and where
+        _put(outbox, ("failed", str(exc) if isinstance(exc, ServingSetupError) else f"{type(exc).__name__}: {exc}"))
         return
     import torch
 
