@@ -36,7 +36,10 @@ def loaded(folder):
 def serving(**kw):
     from components.config import ServingConfig
 
-    return ServingConfig.model_validate({"engine_process": True, "compile": False, "num_threads": 1, **kw})
+    # float32 as the reference (`loaded`): dtype auto may take bfloat16 on an AVX-512 BF16 CPU,
+    # and on this tiny model its measured margin flips with the host's load
+    return ServingConfig.model_validate({"engine_process": True, "compile": False, "num_threads": 1,
+                                         "dtype": "float32", **kw})
 
 
 def run(folder, test, **settings):

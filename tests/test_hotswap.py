@@ -195,7 +195,8 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
            "TUNELOOP_SERVE_MODEL_DIR": str(models["a"]), "TUNELOOP_SERVE_MODEL_NAME": name,
            "TUNELOOP_SERVE_MODEL_VERSION": v1, "TUNELOOP__SERVING__FOLLOW_CHAMPION_S": "1",
            "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1",
-           "TUNELOOP__SERVING__ENGINE_PROCESS": engine_process, **GATEWAY_OFF}
+           "TUNELOOP__SERVING__ENGINE_PROCESS": engine_process,
+           "TUNELOOP__SERVING__DTYPE": "float32", **GATEWAY_OFF}  # as the reference answers below
     cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
            "--port", str(port)]
     body = {"model": name, "max_tokens": 16, "temperature": 0, "stream": True,
