@@ -95,9 +95,9 @@ NOLOG_LABEL = "(c3) slots, no log"
 # opt-in (--systems slots,slots-transformers): the slots engine on transformers' forward instead of
 # its fused one (serving.forward), to measure what the fused forward buys on the served model
 TRANSFORMERS_LABEL = "(c4) slots, transformers' forward"
-# the slots engine's variants: system -> (label, settings on top of the shipped ones)
-# opt-in (--systems slots-thread,slots-process): the slots engine on the server's thread or in a
-# process of its own (serving.engine_process), whichever the shipped setting is
+# the slots engine's variants: system -> (label, settings on top of the shipped ones); opt-in
+# slots-thread / slots-process: the engine on the server's thread or in a process of its own
+# (serving.engine_process), whichever the shipped setting is
 SLOTS_VARIANTS = {"slots-nolog": (NOLOG_LABEL, {"TUNELOOP__REQUEST_LOG__ENABLED": "false"}),
                   "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"}),
                   "slots-thread": ("(c5) slots, engine on a thread", {"TUNELOOP__SERVING__ENGINE_PROCESS": "false"}),

@@ -278,14 +278,19 @@ def load_tokenizer(model_dir: Path | str) -> LoadedModel:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         config = AutoConfig.from_pretrained(path)
-    except Exception as exc:  # one line that says what and where, as load_model does
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ServingSetupError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from exc
+    except Exception as exc:
+        raise _cannot_load(path, exc) from exc
     try:
         generation = GenerationConfig.from_pretrained(path)
     except OSError:
         generation = GenerationConfig.from_model_config(config)
     return _loaded(None, tokenizer, generation, config, path)
+
+
+def _cannot_load(path: Path, exc: Exception) -> ServingSetupError:
+    """One line that says what and where; the traceback stays in the log."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return ServingSetupError(f"cannot load the model at {path}: {type(exc).__name__}: {first}")
 
 
 def _model_folder(model_dir: Path | str) -> Path:
@@ -374,9 +379,8 @@ def load_model(model_dir: Path | str, num_threads: int | None = None, dtype: str
         # transformers 5 does not persist padding_side: batched generate needs left padding.
         tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
-    except Exception as exc:  # one line that says what and where; the traceback stays in the log
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ServingSetupError(f"cannot load the model at {path}: {type(exc).__name__}: {first}") from exc
+    except Exception as exc:
+        raise _cannot_load(path, exc) from exc
     if torch.cuda.is_available():  # GPU hosts (the CUDA bento): bf16 where the card has it
         model = model.to(device="cuda", dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     else:

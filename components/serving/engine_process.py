@@ -12,12 +12,16 @@ the server's process runs everything else.
 How: the server's process keeps the tokenizer (load_tokenizer) and everything in front of
 the engine; EngineProcess is its Backend. The child (`python -m
 components.serving.engine_process`) loads the model and runs a SlotEngine as configured.
-They talk over two pipes (multiprocessing Connections: pickled messages):
-  server -> engine: ("submit", request id, prompt ids, params, interval), ("cancel", id),
-                    ("swap", state dict), ("stop",)
-  engine -> server: ("ready", facts) or ("failed", why) once; then ("events", [(id, event)],
-                    [batch sizes]) once per step (the step's tokens and finishes for every
-                    stream together), ("swapped", error or None).
+They talk over two pipes (plain-pickled messages, _put / _get):
+  server -> engine: ("start", model folder, serving settings) once; then ("submit", request
+                    id, prompt ids, params, interval), ("cancel", id), ("swap", state dict),
+                    ("stop",)
+  engine -> server: ("loaded",) then ("ready", facts), or ("failed", why), once; then
+                    ("events", [(id, event)], [batch sizes], engine seconds) once per step
+                    (the step's tokens and finishes for every stream together), ("swapped",
+                    error or None).
+The server's worker waits for "loaded" (wait_loaded): a model the child cannot load fails
+the server's start, as load_model does in one process.
 Each stream on the server's side is the GenerationStream the API made; the child runs a twin
 of it whose deliveries go into the pipe instead of onto an event loop. If the child dies,
 every running request fails with 503 and is_running (what /readyz reads) turns false.
