@@ -85,6 +85,11 @@ def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
     return asyncio.run(main())
 
 
+def record_tokens(gateway, record) -> int:
+    """The tokens/min limit the gateway applies to this key's record."""
+    return gateway.limits_for(record).tokens_per_minute
+
+
 def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
@@ -332,6 +337,21 @@ def _limiter_calls(redis_url: str) -> int:
     return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
 
 
+def _record_commands(gateway) -> list[str]:
+    """The commands the gateway sends on its Redis connection from now on, one a round trip
+    (Redis's own counters count the commands a script runs as well)."""
+    pipe = gateway.health.client
+    sent: list[str] = []
+    execute = pipe.execute
+
+    async def recording(*args):
+        sent.append(args[0])
+        return await execute(*args)
+
+    pipe.execute = recording
+    return sent
+
+
 def test_a_generation_request_is_one_limiter_call_and_its_refund_rides_along(loaded, tmp_path, redis_url,
                                                                             monkeypatch):
     """A chat request takes its request unit and its tokens in one Redis call, and gives back
@@ -524,8 +544,11 @@ def test_cache_hits_only_for_the_same_tenant_model_version_and_deterministic_req
             return await client.post("/v1/completions", headers=bearer(key), json={**body, **over})
 
         first = await post(a)
+        sent = _record_commands(gateways[0]) if backend == "redis" else None
         again = await post(a)
         assert first.headers["x-cache"] == "miss" and again.headers["x-cache"] == "hit"
+        if backend == "redis":  # the lookup and the request unit: one call (the miss's refund rode along)
+            assert sent == ["EVALSHA"], sent
         assert again.json()["choices"] == first.json()["choices"]
         assert again.json()["id"] != first.json()["id"]
         # a hit counts against requests, not tokens
@@ -549,6 +572,20 @@ def test_cache_hits_only_for_the_same_tenant_model_version_and_deterministic_req
         assert (await post(a, model="tiny")).headers["x-cache"] == "miss"
         apps[0].state.server.served.version = "3"
         assert (await post(a)).headers["x-cache"] == "hit"
+        if backend == "redis":
+            # a hit over the request limit is refused (429), its unit not taken: another
+            # replica took this key's last unit, which this one has not seen
+            from components.gateway.limiter import Limits, RedisLimiter
+            from components.gateway.redis_health import RedisHealth
+
+            record, c = keys.create("c", "paid", requests_per_minute=2)
+            assert (await post(c)).headers["x-cache"] == "miss"
+            other = RedisLimiter(RedisHealth(redis_url))
+            assert (await other.acquire(record.id, Limits(2, record_tokens(gateways[0], record)), 1, 0)).allowed
+            await other.health.close()
+            r = await post(c)
+            assert r.status_code == 429 and err(r)["type"] == "requests", r.text
+            assert r.headers["x-ratelimit-remaining-requests"] == "0" and "x-cache" not in r.headers
 
         # streaming: a cached answer replays as valid SSE (the SDK parses it), with usage
         chat = {"model": "tiny", "messages": [{"role": "user", "content": f"stream {backend} {time.time()}"}],

@@ -85,6 +85,10 @@ class ResultCache:
             except RedisUnavailable:
                 self.on_event("bypass")
                 return None
+        return self.found(raw)
+
+    def found(self, raw: str | None) -> dict | None:
+        """A lookup's stored value (None: a miss) as the answer, counted as a hit or a miss."""
         self.on_event("hit" if raw is not None else "miss")
         return json.loads(raw) if raw is not None else None
 

@@ -150,15 +150,23 @@ def _refusal(limits: Limits, requests_level: float, tokens_level: float, source:
                     (tl - tokens_level) * WINDOW_S / tl, (1 - requests_level) * WINDOW_S / rl, "requests", source)
 
 
-# KEYS[1]: the key's bucket hash. ARGV: requests limit, tokens limit, requests cost, tokens
-# cost, mode ("acquire" | "refund"), tokens refunded first (acquire: refunds sent along).
-# Levels refill on Redis's clock; the hash expires once both buckets would be full again
-# (no memory kept for idle keys).
+# KEYS[1]: the key's bucket hash; KEYS[2], when given, a result-cache entry: its value is
+# returned, and the costs are taken only when there is one (a cache hit's request unit in
+# the same call as its lookup; a miss takes nothing). ARGV: requests limit, tokens limit,
+# requests cost, tokens cost, mode ("acquire" | "refund"), tokens refunded first (acquire:
+# refunds sent along). Levels refill on Redis's clock; the hash expires once both buckets
+# would be full again (no memory kept for idle keys). Both keys on one Redis (a cluster
+# would need them in one hash slot; the gateway's connection does not speak cluster).
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local rl, tl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rc, tc = tonumber(ARGV[3]), tonumber(ARGV[4])
+local v = false
+if #KEYS > 1 then
+  v = redis.call('GET', KEYS[2])
+  if not v then rc = 0; tc = 0 end
+end
 local s = redis.call('HMGET', KEYS[1], 'r', 'tok', 'ts')
 local r, k, ts = tonumber(s[1]), tonumber(s[2]), tonumber(s[3])
 if r == nil then r = rl; k = tl; ts = now end
@@ -179,7 +187,7 @@ end
 redis.call('HSET', KEYS[1], 'r', tostring(r), 'tok', tostring(k), 'ts', tostring(now))
 local full = math.max((rl - r) * 60 / rl, (tl - k) * 60 / tl)
 redis.call('PEXPIRE', KEYS[1], math.ceil(full * 1000) + 1000)
-return {allowed, tostring(r), tostring(k)}
+return {allowed, tostring(r), tostring(k), v}
 """
 
 
@@ -200,26 +208,44 @@ class RedisLimiter:
         self._seen: OrderedDict[str, tuple[float, float, float, Limits]] = OrderedDict()
         self.max_keys = 100_000
 
-    async def _run(self, key: str, limits: Limits, requests: int, tokens: int, mode: str, back: int = 0):
+    async def _run(self, key: str, limits: Limits, requests: int, tokens: int, mode: str, back: int = 0,
+                   cached: str | None = None):
         client = self.health.client
         if self._script is None:
             self._script = client.register_script(_SCRIPT)
+        keys = [self.namespace + key] if cached is None else [self.namespace + key, cached]
         return await self.health.call(
-            self._script(keys=[self.namespace + key],
+            self._script(keys=keys,
                          args=[limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, mode, back]))
 
     async def acquire(self, key: str, limits: Limits, requests: int = 1, tokens: int = 0) -> Decision:
+        try:
+            return (await self._acquire(key, limits, requests, tokens))[0]
+        except RedisUnavailable:
+            if self.on_error == "closed":
+                raise
+            return await self.fallback.acquire(key, limits, requests, tokens)
+
+    async def acquire_if_cached(self, key: str, limits: Limits, cached: str,
+                                requests: int = 1) -> tuple[Decision | None, str | None]:
+        """One call: the value of the Redis key `cached` (a result-cache entry) and, only when
+        there is one, `requests` taken from the key's bucket. (None, None) on a miss: nothing
+        taken. RedisUnavailable when Redis fails (nothing taken here; the caller bypasses the
+        cache, and its later acquire meets the configured mode)."""
+        decision, value = await self._acquire(key, limits, requests, 0, cached)
+        return (decision, value) if value is not None else (None, None)
+
+    async def _acquire(self, key: str, limits: Limits, requests: int, tokens: int,
+                       cached: str | None = None) -> tuple[Decision, str | None]:
         pending = self._refunds.pop(key, None)
         back = pending[1] if pending is not None else 0
         sent_at = time.monotonic()
         try:
-            allowed, r, k = await self._run(key, limits, requests, tokens, "acquire", back)
+            allowed, r, k, *value = await self._run(key, limits, requests, tokens, "acquire", back, cached)
         except RedisUnavailable:
             if back:
                 await self.fallback.refund(key, limits, back)
-            if self.on_error == "closed":
-                raise
-            return await self.fallback.acquire(key, limits, requests, tokens)
+            raise
         r, k = float(r), float(k)
         _keep(self._seen, key, (r, k, sent_at, limits), self.max_keys)
         if allowed:
@@ -228,7 +254,8 @@ class RedisLimiter:
             _, wait, by = _decide((r, limits.requests_per_minute, requests), (k, limits.tokens_per_minute, tokens))
         return Decision(bool(allowed), limits, int(r), int(k),
                         (limits.requests_per_minute - r) * WINDOW_S / limits.requests_per_minute,
-                        (limits.tokens_per_minute - k) * WINDOW_S / limits.tokens_per_minute, wait, by)
+                        (limits.tokens_per_minute - k) * WINDOW_S / limits.tokens_per_minute, wait,
+                        by), (value[0] if value else None)
 
     async def refund(self, key: str, limits: Limits, tokens: int) -> None:
         if tokens <= 0:

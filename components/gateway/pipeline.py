@@ -232,12 +232,39 @@ class Gateway:
         except RedisUnavailable:  # fail-closed mode
             raise GuardUnavailable("rate limits cannot be checked (Redis is unavailable) and this server "
                                    "fails closed; retry shortly", retry_after_s=self.config.breaker_reset_s) from None
+        return self._decided(gate, decision, requests, tokens)
+
+    def _decided(self, gate: "RequestGate", decision: Decision, requests: int, tokens: int) -> Decision:
         gate.decision = decision
         if not decision.allowed:
             gate.request_pending = requests > 0 and decision.refused_by == "tokens"
             self.metrics.rate_limited.labels(limit=decision.refused_by).inc()
             raise _rate_limited(decision, tokens)
         return decision
+
+    async def cached(self, gate: "RequestGate", key: str) -> dict | None:
+        """The cached answer under `key`, or None. A hit takes the request's deferred unit
+        (a hit counts against the request limit, not the token limit; 429 when over). With
+        Redis behind both, the lookup and the count are one call (one Lua script): a hit
+        costs one round trip, a miss takes nothing and its unit goes with the reservation.
+        Redis trouble bypasses the cache (the unit is then still owed)."""
+        cache = self.cache
+        if gate.request_pending and cache.local is None and isinstance(self.limiter, RedisLimiter):
+            try:
+                decision, raw = await self.limiter.acquire_if_cached(gate.key.id, self.limits_for(gate.key),
+                                                                     cache.namespace + key)
+            except RedisUnavailable:
+                cache.on_event("bypass")
+                return None
+            hit = cache.found(raw)
+            if hit is not None:
+                gate.request_pending = False
+                self._decided(gate, decision, 1, 0)
+            return hit
+        hit = await cache.get(key)
+        if hit is not None and gate.request_pending:
+            await self.take(gate, 0, 0)
+        return hit
 
     def refuse_early(self, gate: "RequestGate") -> None:
         """RateLimited when the key's next request certainly cannot pass (no call to Redis)."""
@@ -384,7 +411,7 @@ class RequestGate:
         self.key = key
         self.decision: Decision | None = None  # the latest limiter decision (for the headers)
         # A generation request's unit of the request limit, taken together with its tokens
-        # (one limiter call) or, on a cache hit or an early error, on its own.
+        # (one limiter call), with its cache lookup on a hit, or on its own after an early error.
         self.request_pending = False
         self.cache_status: str | None = None
         self.reserved = 0
@@ -457,9 +484,10 @@ class RequestGate:
         return cache_key(self.tenant, f"{model_id}|policy:{self.gateway.policy_id}", route, body)
 
     async def cache_get(self, key: str | None) -> dict | None:
+        """The cached answer, or None; a hit has taken the request's unit (429 if over)."""
         if key is None:
             return None
-        hit = await self.gateway.cache.get(key)
+        hit = await self.gateway.cached(self, key)
         self.cache_status = "hit" if hit is not None else "miss"
         return hit
 
@@ -468,11 +496,6 @@ class RequestGate:
             await self.gateway.cache.put(key, value)
 
     # ---- tokens -------------------------------------------------------------------------
-    async def count_request(self) -> None:
-        """Take the request's deferred unit now (a cache hit: no tokens to reserve); 429 if over."""
-        if self.request_pending:
-            await self.gateway.take(self, 0, 0)
-
     async def reserve(self, tokens: int) -> None:
         """Take prompt + max_tokens from the key's tokens/min before generating, with the
         request's deferred unit if it is still owed (429 if over)."""
@@ -583,8 +606,8 @@ DEFERRED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 class GatewayMiddleware:
     """Auth and the request limit for every /v1 route, and the gate's headers on every /v1
     response (errors and streams included). A generation route's request unit is taken with
-    its token reservation (one limiter call a request; a cache hit takes it alone, an error
-    before the reservation as its response starts), after a local check that refuses a key
+    its token reservation (one limiter call a request; a cache hit takes it with its lookup,
+    an error before the reservation as its response starts), after a local check that refuses a key
     certainly over its request limit before any work. Without app.state.gateway it lets all
     through (an app built without a gateway, e.g. in unit tests)."""
 
@@ -620,7 +643,10 @@ class GatewayMiddleware:
                         await gateway.take(gate, 0, 0)
                     except ServingError:  # over the limit or Redis away: this response stands
                         gate.request_pending = False
-                message = {**message, "headers": [*message.get("headers", []), *gate.headers()]}
+                # A 429 raised inside the route carries the same headers already: one of each.
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                message = {**message, "headers": headers + [(k, v) for k, v in gate.headers() if k not in present]}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

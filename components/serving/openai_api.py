@@ -1093,8 +1093,7 @@ async def _begin(server: OpenAIServer, body, request: Request, route: str, id_pr
     # The cache first: a hit is an answer to this very request after the same screening
     # (the key carries the gateway's policy), so it skips PII analysis and the classifier.
     key, hit = await _cached(gate, server, body, route)
-    if hit is not None:
-        await gate.count_request()  # a hit counts against the request limit, not the token limit
+    if hit is not None:  # it took its request unit with the lookup: a hit does not count against tokens
         _log_hit(record, server, body, hit, gate)
     else:
         body = await _screen(gate, server, body)
