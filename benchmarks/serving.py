@@ -164,6 +164,9 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)  # gaps between content chunks
     streamed: bool = True
     _last: float | None = None
+    arrivals: list[float] = field(default_factory=list)  # when each content chunk came (perf_counter)
+    dispatched: float | None = None  # when run_workload let it go (perf_counter)
+    done: float | None = None
 
     def token_arrived(self, sent: float) -> None:
         """Record one content chunk: the first sets TTFT, later ones add an inter-token gap."""
@@ -173,6 +176,35 @@ class RequestResult:
         else:
             self.itl.append(now - self._last)
         self._last = now
+        self.arrivals.append(now)
+
+
+def steady_throughput(results: list[RequestResult], skip: float = 0.15) -> float | None:
+    """Output tok/s in a closed loop's steady state: between the moment the request at `skip`
+    of the round was let go and the moment the last one was, counting the tokens that arrived
+    in that time (a chunk's share of its request's tokens). At both ends the clients hold as
+    many requests in flight, in their steady mix (a cache's hits, answered at once, are not
+    among them), so what is counted is what the server sustains. Left out: the start (every
+    client's first request at once) and the round's drain (the last requests finishing with
+    fewer and fewer in flight), which take about the same time however much work the round
+    held: over a whole round they weigh more the shorter the round, so a cache that shortens
+    it would pay them out of its speed-up. None without timings or under 8 requests; with
+    under ~4 requests a client the window is mostly the start still (--quick)."""
+    times = sorted(r.dispatched for r in results if r.dispatched is not None)
+    if len(times) < 8:
+        return None
+    start, end = times[int(len(times) * skip)], times[-1]
+    if end <= start:
+        return None
+    tokens = 0.0
+    for r in results:
+        if not r.ok:
+            continue
+        if r.arrivals:
+            tokens += r.output_tokens * sum(1 for a in r.arrivals if start < a <= end) / len(r.arrivals)
+        elif r.done is not None and start < r.done <= end:
+            tokens += r.output_tokens
+    return tokens / (end - start)
 
 
 async def run_workload(requests: list[BenchRequest], send, concurrency: int, request_rate: float,
@@ -191,10 +223,12 @@ async def run_workload(requests: list[BenchRequest], send, concurrency: int, req
 
     async def one(req: BenchRequest) -> RequestResult:
         async with gate:
+            dispatched = time.perf_counter()
             try:
                 result = await send(req)
             except Exception as exc:  # a failed request is a measurement, not a crash
                 result = RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}")
+            result.dispatched, result.done = dispatched, time.perf_counter()
         bar.update(1)
         return result
 
@@ -383,6 +417,7 @@ def summarize(name: str, requests: list[BenchRequest], results: list[RequestResu
         "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
+        "steady_output_throughput": steady_throughput(results),  # closed loop: before the drain
         "ttft_ms": percentiles([r.ttft for r in ok if r.ttft is not None]),
         # the opening burst (every client's first request, all sent at t=0) apart from the rest
         "ttft_burst_ms": percentiles([r.ttft for r in results[:burst] if r.ok and r.ttft is not None]),
