@@ -257,7 +257,7 @@ def main() -> None:
                 return asyncio.run(go())
 
             cold: list[float] = []  # the cache server's output tok/s with nothing warmed, one a round
-            cold_steady: list[float] = []  # the same before the round's drain (steady_throughput)
+            cold_steady: list[float] = []  # the same in the steady state (steady_throughput)
 
             def cold_round(r: int, url: str, seed: int) -> None:
                 """The cache server over the round's requests with fresh keys (0 % hits), back to

@@ -85,11 +85,6 @@ def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
     return asyncio.run(main())
 
 
-def record_tokens(gateway, record) -> int:
-    """The tokens/min limit the gateway applies to this key's record."""
-    return gateway.limits_for(record).tokens_per_minute
-
-
 def bearer(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
@@ -575,13 +570,13 @@ def test_cache_hits_only_for_the_same_tenant_model_version_and_deterministic_req
         if backend == "redis":
             # a hit over the request limit is refused (429), its unit not taken: another
             # replica took this key's last unit, which this one has not seen
-            from components.gateway.limiter import Limits, RedisLimiter
+            from components.gateway.limiter import RedisLimiter
             from components.gateway.redis_health import RedisHealth
 
             record, c = keys.create("c", "paid", requests_per_minute=2)
             assert (await post(c)).headers["x-cache"] == "miss"
             other = RedisLimiter(RedisHealth(redis_url))
-            assert (await other.acquire(record.id, Limits(2, record_tokens(gateways[0], record)), 1, 0)).allowed
+            assert (await other.acquire(record.id, gateways[0].limits_for(record), 1, 0)).allowed
             await other.health.close()
             r = await post(c)
             assert r.status_code == 429 and err(r)["type"] == "requests", r.text
