@@ -51,14 +51,30 @@ def reference(loaded, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out
 
 
-async def read_then_cancel(stream, after: int = 3) -> int:
-    """Read stream until `after` tokens have come, cancel it, drain it; the tokens read."""
-    got = 0
+async def read_then_cancel(stream, after: int = 3) -> tuple[int, list[int]]:
+    """Read stream until `after` tokens have come, cancel it, drain it.
+
+    Returns the tokens read and the tokens the engine still emitted for the stream after the
+    cancel (the list fills as the engine goes on; read it once the others have run). The
+    tokens read depend on how busy the event loop was; the late ones count engine steps.
+    """
+    got, late = 0, []
+    emit = stream.emit
+
+    def emit_after_cancel(token_ids, logprobs=None):
+        late.extend(token_ids)
+        emit(token_ids, logprobs)
+
     async for new in stream.events():
         got += len(new)
-        if got >= after:
+        if got >= after and not stream.cancelled:
+            stream.emit = emit_after_cancel
             stream.cancel()
-    return got
+    return got, late
+
+
+# An engine notices a cancel at its next step: the step under way may still emit a token.
+MAX_LATE_TOKENS = 2
 
 
 async def collect(stream) -> tuple[list[int], str]:
@@ -189,7 +205,7 @@ def test_cancelled_generation_stops(loaded, engine):
             ce.launch()
             ce.submit(stream)
             ce.submit(other)
-        got = await read_then_cancel(stream)
+        got, late = await read_then_cancel(stream)
         other_ids, _ = await collect(other)  # the batch goes on for the others
         if engine == "adaptive":
             await job
@@ -197,10 +213,11 @@ def test_cancelled_generation_stops(loaded, engine):
             handlers = dict(ce.manager.output_router.result_handlers)
             ce.stop()
             assert handlers == {}  # nothing left registered for the cancelled request
-        return got, stream.finish_reason, len(other_ids)
+        return got, late, stream.finish_reason, len(other_ids)
 
-    got, reason, other_len = asyncio.run(main())
-    assert reason == "cancelled" and got < 10
+    got, late, reason, other_len = asyncio.run(main())
+    assert reason == "cancelled" and got < 200
+    assert len(late) <= MAX_LATE_TOKENS  # the engine stopped generating it
     assert other_len == 30
 
 
