@@ -262,6 +262,7 @@ class Client:
         self.host, self.port = parts.hostname, parts.port or 80
         self.extra_headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.last_headers: dict[str, str] = {}
 
     async def post(self, path: str, payload: dict):
         """(status, an async iterator of body pieces as they arrive); the connection is reused once the body is read."""
@@ -286,6 +287,7 @@ class Client:
             name, sep, value = line.partition(":")
             if sep:
                 headers[name.strip().lower()] = value.strip()
+        self.last_headers = headers  # the latest response's (read it only when posting one at a time)
         return int(status_line.split()[1]), self._body(reader, writer, headers)
 
     async def _body(self, reader, writer, headers):

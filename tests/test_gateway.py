@@ -429,6 +429,17 @@ def test_headers_on_every_v1_response(loaded, tmp_path):
         for r in responses:
             for n in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"):
                 assert re.fullmatch(r"(\d+ms|(\d+h)?(\d+m)?\d+(\.\d+)?s)", r.headers[n]), r.headers[n]
+        # the server's own time, refusals included: OpenAI's whole milliseconds and Server-Timing's
+        t = time.perf_counter()
+        refused = await client.get("/v1/models", headers=bearer("sk-tl-nope"))
+        client_ms = (time.perf_counter() - t) * 1000
+        assert refused.status_code == 401
+        for r in responses + [refused]:
+            dur = re.fullmatch(r"app;dur=(\d+\.\d{3})", r.headers["server-timing"])
+            assert dur, r.headers.get("server-timing")
+            assert int(r.headers["openai-processing-ms"]) == round(float(dur.group(1))), dict(r.headers)
+        assert 0 < float(refused.headers["server-timing"].split("=")[1]) <= client_ms
+        assert "server-timing" not in (await client.get("/readyz")).headers
 
     run_gateway(loaded, cfg, test)
 
