@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+from components.asgi import ApiMiddleware
 from components.gateway.cache import ResultCache, cache_key, cacheable
 from components.gateway.content_filter import ContentFilter, RuleSet, Verdict
 from components.gateway.keys import ApiKey, InvalidKey, KeyStore, load_pepper
@@ -603,7 +604,7 @@ class _CountingRedactor:
 DEFERRED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
-class GatewayMiddleware:
+class GatewayMiddleware(ApiMiddleware):
     """Auth and the request limit for every /v1 route, and the gate's headers on every /v1
     response (errors and streams included). A generation route's request unit is taken with
     its token reservation (one limiter call a request; a cache hit takes it with its lookup,
@@ -611,13 +612,7 @@ class GatewayMiddleware:
     certainly over its request limit before any work. Without app.state.gateway it lets all
     through (an app built without a gateway, e.g. in unit tests)."""
 
-    def __init__(self, app, prefix: str = "/v1/"):
-        self.app = app
-        self.prefix = prefix
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
-            return await self.app(scope, receive, send)
+    async def handle(self, scope, receive, send):
         app = scope.get("app")
         gateway: Gateway | None = getattr(getattr(app, "state", None), "gateway", None)
         if gateway is None:

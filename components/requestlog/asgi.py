@@ -12,6 +12,7 @@ import json
 import logging
 import time
 
+from components.asgi import ApiMiddleware
 from components.gateway.pipeline import STATE_KEY as GATE_KEY
 from components.requestlog.record import RequestRecord, verdict_summary
 
@@ -24,16 +25,10 @@ def record_of(request) -> RequestRecord | None:
     return request.scope.get("state", {}).get(STATE_KEY)
 
 
-class RequestLogMiddleware:
+class RequestLogMiddleware(ApiMiddleware):
     """Without app.state.request_log it lets everything through untouched."""
 
-    def __init__(self, app, prefix: str = "/v1/"):
-        self.app = app
-        self.prefix = prefix
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
-            return await self.app(scope, receive, send)
+    async def handle(self, scope, receive, send):
         state = getattr(scope.get("app"), "state", None)
         request_log = getattr(state, "request_log", None)
         if request_log is None:

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from components.asgi import ApiMiddleware
 from components.gateway.pipeline import GatewayMiddleware, RequestGate, gate_of
 from components.requestlog.asgi import RequestLogMiddleware, record_of
 from components.requestlog.record import RequestRecord, utc_iso, verdict_summary
@@ -1426,7 +1427,7 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
 # ASGI middleware
 
 
-class ProcessingTimeMiddleware:
+class ProcessingTimeMiddleware(ApiMiddleware):
     """The server's own time on every /v1 response: the milliseconds from the request
     reaching the app to its response starting (the whole answer for a JSON response, the
     time to the stream's start for SSE). Sent as OpenAI sends it, `openai-processing-ms`
@@ -1436,13 +1437,7 @@ class ProcessingTimeMiddleware:
 
     HEADERS = (b"openai-processing-ms", b"server-timing")
 
-    def __init__(self, app, prefix: str = "/v1/"):
-        self.app = app
-        self.prefix = prefix
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
-            return await self.app(scope, receive, send)
+    async def handle(self, scope, receive, send):
         start = time.perf_counter()
 
         async def send_with_time(message):
