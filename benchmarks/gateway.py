@@ -81,6 +81,7 @@ from benchmarks.serving import (  # noqa: E402
     measured,
     median_of,
     parse_serving,
+    percentiles,
     print_system,
     resolve_model,
     run_workload,
@@ -456,10 +457,8 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
     log record, the engine's threads), then, after a pause, the same hits back to back on a
     quiet server (a hit's own time). Not after idle gaps: on this VM an idle process's
     wake-up alone costs milliseconds (benchmarks/README.md)."""
-    import numpy as np
-
     client = Client(url, headers)
-    after_miss: dict[str, list[float]] = {"client": [], "server": []}
+    after_miss: dict[str, list[float]] = {"client": [], "server": []}  # seconds, as percentiles() takes them
     back_to_back: dict[str, list[float]] = {"client": [], "server": []}
 
     async def send(body, into=None):
@@ -469,9 +468,9 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
         if into is not None and status == 200:
             if client.last_headers.get("x-cache") != "hit":
                 raise RuntimeError(f"a repeated deterministic request was not a cache hit: {client.last_headers}")
-            into["client"].append((time.perf_counter() - t) * 1000)
-            # the app's own time (components/serving/openai_api.py's ProcessingTimeMiddleware)
-            into["server"].append(float(client.last_headers["server-timing"].partition("dur=")[2]))
+            into["client"].append(time.perf_counter() - t)
+            # the app's own time in ms (components/serving/openai_api.py's ProcessingTimeMiddleware)
+            into["server"].append(float(client.last_headers["server-timing"].partition("dur=")[2]) / 1000)
 
     bodies = [{"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
                "seed": 7} for req in reqs]
@@ -485,12 +484,11 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
     finally:
         await client.close()
 
-    def pct(xs, q):
-        return float(np.percentile(xs, q))
-
-    return {"server_p50": pct(back_to_back["server"], 50), "server_p95": pct(back_to_back["server"], 95),
-            "p50": pct(back_to_back["client"], 50), "p95": pct(back_to_back["client"], 95),
-            "after_miss_server_p50": pct(after_miss["server"], 50), "after_miss_p50": pct(after_miss["client"], 50),
+    quiet = {side: percentiles(xs) for side, xs in back_to_back.items()}
+    after = {side: percentiles(xs) for side, xs in after_miss.items()}
+    return {"server_p50": quiet["server"]["p50"], "server_p95": quiet["server"]["p95"],
+            "p50": quiet["client"]["p50"], "p95": quiet["client"]["p95"],
+            "after_miss_server_p50": after["server"]["p50"], "after_miss_p50": after["client"]["p50"],
             "n": len(back_to_back["server"])}
 
 
