@@ -451,6 +451,28 @@ def test_headers_on_every_v1_response(loaded, tmp_path):
     run_gateway(loaded, cfg, test)
 
 
+def test_processing_time_headers_agree_at_a_half_millisecond(monkeypatch):
+    """Both time headers come from one reading: 0.5004 ms is "0.500" and "0" (CI once saw
+    "0.500" next to "1", the whole milliseconds rounded from the unrounded reading)."""
+    from components.serving import openai_api
+
+    readings = iter([10.0, 10.0 + 0.0005004])
+    monkeypatch.setattr(openai_api.time, "perf_counter", lambda: next(readings))
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = openai_api.ProcessingTimeMiddleware(app)
+    asyncio.run(middleware({"type": "http", "path": "/v1/models"}, None, send))
+    headers = dict(sent[0]["headers"])
+    assert headers[b"server-timing"] == b"app;dur=0.500"
+    assert headers[b"openai-processing-ms"] == b"0"
+
+
 def test_duration_format():
     from components.gateway.limiter import format_duration
 

@@ -1442,7 +1442,9 @@ class ProcessingTimeMiddleware(ApiMiddleware):
 
         async def send_with_time(message):
             if message["type"] == "http.response.start":
-                ms = (time.perf_counter() - start) * 1000
+                # Both headers from one reading rounded to microseconds, so the whole
+                # milliseconds are that reading rounded (0.5004 ms is "0.500" and "0", not "1").
+                ms = round((time.perf_counter() - start) * 1000, 3)
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in self.HEADERS]
                 headers += [(b"openai-processing-ms", f"{ms:.0f}".encode()),
                             (b"server-timing", f"app;dur={ms:.3f}".encode())]
