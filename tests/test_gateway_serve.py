@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, redis_server, service, services
+from tests.servers import free_port, prefect_home, redis_server, service, services
 from tests.servers import last_json as _last_json
 from tests.test_gateway import PLANTED
 from tests.serving_tiny_model import build_tiny_model
@@ -38,7 +38,7 @@ def _env(tmp: Path, redis_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
     env.update({"TUNELOOP_HOME": str(tmp / "home"), "TUNELOOP_REDIS_URL": redis_url,
                 "TUNELOOP__GATEWAY__FILTER_TRAINING": json.dumps({"train_path": str(INJECTIONS)}),
-                "BENTOML_HOME": str(tmp / "bentoml"), "PREFECT_HOME": str(tmp / "prefect"),
+                "BENTOML_HOME": str(tmp / "bentoml"), "PREFECT_HOME": str(prefect_home(tmp / "prefect")),
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"})
     return env
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import prefect_home
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "train.jsonl"
 INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"
@@ -191,7 +193,7 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
     import sys
 
     env = {**os.environ, "TUNELOOP_HOME": str(cfg.home), "TUNELOOP__DATA__TRAIN_PATH": str(SAMPLE),
-           "TUNELOOP__MONITORING__RETRAIN_DEBOUNCE_S": "0", "PREFECT_HOME": str(tmp_path / "prefect"),
+           "TUNELOOP__MONITORING__RETRAIN_DEBOUNCE_S": "0", "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")),
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     out = subprocess.run([sys.executable, "-m", "components.cli", "monitor", "--since", "1h", "--json"], env=env,
                          capture_output=True, text=True, cwd=ROOT, timeout=600)

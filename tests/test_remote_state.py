@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import BIN, free_port, mlflow_server, postgres_server, service
+from tests.servers import BIN, free_port, mlflow_server, postgres_server, prefect_home, service
 from tests.servers import last_json as _last_json
 from tests.servers import run_ok as _run
 
@@ -54,7 +54,7 @@ def test_train_promote_deploy_and_keys_on_remote_state(remote, demo_base_model):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNELOOP", "MLFLOW_"))}
     env.update({
         "TUNELOOP_HOME": str(home), "TUNELOOP__BOOTSTRAP__OUTPUT_DIR": str(demo_base_model),
-        "BENTOML_HOME": str(home / "bentoml"), "PREFECT_HOME": str(remote["tmp"] / "prefect"),
+        "BENTOML_HOME": str(home / "bentoml"), "PREFECT_HOME": str(prefect_home(remote["tmp"] / "prefect")),
         "TUNELOOP_MLFLOW_URI": remote["mlflow"],
         "TUNELOOP__GATEWAY__KEY_STORE_URL": keys_url, "TUNELOOP_KEY_PEPPER": PEPPER,
         # what is tested is where state lives, not the model: one quick process, always blessed
