@@ -35,7 +35,7 @@ def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_
     env.update({
         "TUNELOOP_HOME": str(home), "TUNELOOP__BOOTSTRAP__OUTPUT_DIR": str(demo_base_model),
         "BENTOML_HOME": str(tmp_path / "bentoml"),
-        "TUNELOOP__TRAINING__MAX_STEPS": "40",
+        "TUNELOOP__TRAINING__MAX_STEPS": "20",
         # every retrain of this test is blessed: what is tested is the loop, not the model
         "TUNELOOP__BLESSING__THRESHOLDS": "[{metric: eval_loss, value_threshold: {upper_bound: 1000}}]",
         "TUNELOOP__EVALUATION__BEHAVIOUR_SUITE": "null",  # blessing is relaxed above: no need to score it
