@@ -58,7 +58,7 @@ from typing import Any, Callable
 import yaml
 
 from components.config import REPO_ROOT, TuneloopConfig
-from components.ports import free_port, stop_process_group
+from components.ports import die_with_parent, free_port, stop_process_group
 
 log = logging.getLogger(__name__)
 
@@ -574,8 +574,9 @@ def check_server(command: ServeCommand, port: int, log_path: Path, timeout: floa
                                log_path=str(log_path), log_tail=_tail(log_path), **kw)
 
     with open(log_path, "w") as fh:
-        proc = subprocess.Popen(command.argv, cwd=command.cwd, env=command.env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own group: stopping it stops its workers
+        # its own group: stopping it stops its workers; and it stops if this process is killed first
+        proc = subprocess.Popen(die_with_parent(command.argv), cwd=command.cwd, env=command.env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with httpx.Client(timeout=60, headers=headers) as client:
             deadline = time.monotonic() + timeout

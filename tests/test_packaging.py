@@ -225,3 +225,49 @@ def test_a_model_that_stops_at_once_passes_the_answer_check():
     assert not _answered("", {"finish_reason": "stop"}, {})
     assert not _answered("", {"finish_reason": "stop"}, {"usage": {**usage, "prompt_tokens": 0}})
     assert not _answered(None, {"finish_reason": "stop"}, {"usage": usage})
+
+
+def test_a_validation_server_dies_with_the_process_that_started_it(tmp_path):
+    """The loop test stopped its Prefect worker while a deploy was validating a bento: the
+    flow run died and its `bentoml serve` (own session, stopped only by check_server's
+    finally) served on as an orphan, 1 GB for the rest of the suite. Killed the same way
+    here: a process in check_server, SIGKILLed, and the server it started must go too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    port = packaging.free_port()
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+from pathlib import Path
+from components import packaging
+command = packaging.ServeCommand(argv=[{sys.executable!r}, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
+                                 env=dict(__import__("os").environ), cwd=Path({str(tmp_path)!r}))
+packaging.check_server(command, {port}, Path({str(tmp_path / "serve.log")!r}), 120, "orphan-test")
+"""], cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [server] = psutil.Process(parent.pid).children()
+        time.sleep(1.0)  # listening, and waiting for a /readyz that the stand-in never answers 200
+        assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+
+    def gone() -> bool:
+        try:
+            return not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 10
+    while not gone() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = not gone()
+    if alive:
+        os.killpg(server.pid, signal.SIGKILL)
+    assert not alive, "the validation server outlived the process that started it"
