@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -84,9 +87,8 @@ def prefect_home(path: Path) -> Path:
     first: ~10 s more per start here, paid by every test that isolates its Prefect state."""
     global _prefect_template
     if _prefect_template is None:
-        import tempfile
-
         template = Path(tempfile.mkdtemp(prefix="tuneloop-prefect-")) / "home"
+        atexit.register(shutil.rmtree, template.parent, True)
         port = free_port()
         cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
         env = {"PREFECT_HOME": str(template), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -94,8 +96,6 @@ def prefect_home(path: Path) -> Path:
                      timeout=150):
             pass  # healthy = migrated and block types registered; stopped cleanly (the WAL checkpointed)
         _prefect_template = template
-    import shutil
-
     shutil.copytree(_prefect_template, path)
     return path
 
@@ -131,8 +131,6 @@ def mlflow_server(tmp: Path, backend_store_uri: str, workers: int = 2):
 
 
 def redis_available() -> bool:
-    import shutil
-
     return shutil.which("redis-server") is not None
 
 
@@ -140,7 +138,6 @@ def redis_available() -> bool:
 def redis_server(tmp: Path, port: int | None = None):
     """A real redis-server on 127.0.0.1 (no persistence); yields its URL. `make install`
     installs Debian's redis-server; a test that needs it skips, naming it, where it is absent."""
-    import shutil
     import socket
 
     binary = shutil.which("redis-server")
@@ -178,7 +175,6 @@ def redis_server(tmp: Path, port: int | None = None):
 
 def _postgres_bin(name: str) -> str | None:
     import glob
-    import shutil
 
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
     return found[-1] if found else shutil.which(name)
@@ -195,8 +191,6 @@ def postgres_server(tmp: Path, databases: tuple[str, ...] = ()):
     user (which the Debian package creates) and runs through `runuser`; it lives in its
     own folder under the system temp dir, since pytest's tmp folders are root-only (0700)."""
     import pwd
-    import shutil
-    import tempfile
 
     import pytest
 
@@ -267,8 +261,6 @@ def postgres_server(tmp: Path, databases: tuple[str, ...] = ()):
 def prometheus_server(tmp: Path, targets: list[str], rules: Path, interval: str = "1s"):
     """A real Prometheus (Debian's `prometheus`, installed by `make install`) on 127.0.0.1,
     scraping targets and evaluating rules every interval; yields its URL."""
-    import shutil
-
     import yaml
 
     binary = shutil.which("prometheus")
