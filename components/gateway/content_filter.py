@@ -1,7 +1,10 @@
 """The content filter: stage 1 a versioned rule set, stage 2 the trained classifier.
 
 Rules (gateway.filter.rules) are regular expressions, each with an id and a category; a
-match flags the text in that category with score 1. The classifier
+match flags the text in that category with score 1. Both stages read the same screening views
+of a text (components/gateway/normalize.py: Unicode-normalised, invisible characters removed,
+look-alike letters folded, leetspeak and spaced letters read, encoded runs decoded): a text is
+flagged when any view is. The classifier
 (components/gateway/filter_model.py, trained and registered by flows/filter.py, loaded by
 alias) scores prompt injection; its work is micro-batched: concurrent checks (prompts of
 concurrent requests, the inputs of /v1/moderations) that arrive while one batch runs go
@@ -19,6 +22,8 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from components.gateway.normalize import screening_views
 
 OPENAI_CATEGORIES = (
     "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
@@ -51,7 +56,10 @@ class RuleSet:
         self.categories = list(dict.fromkeys([*OPENAI_CATEGORIES, INJECTION, *(c for _, c, _ in self.rules)]))
 
     def match(self, text: str) -> list[tuple[str, str]]:
-        return [(rid, cat) for rid, cat, rx in self.rules if rx.search(text)]
+        """(rule id, category) of every rule that matches any screening view of `text`
+        (normalised, de-obfuscated, decoded: components/gateway/normalize.py)."""
+        views = screening_views(text)
+        return [(rid, cat) for rid, cat, rx in self.rules if any(rx.search(v) for v in views)]
 
 
 class MicroBatcher:
