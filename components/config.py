@@ -361,23 +361,51 @@ class FilterRule(Section):
 
 
 def _default_rules() -> list[FilterRule]:
+    # High precision only: each names an attack's own phrasing, so that ordinary requests that
+    # share a word with it pass (a person called Dan, developer mode on a phone, "ignore the
+    # typo", a shell's prompt string); recall is the classifier's job. They read the text's
+    # screening views (components/gateway/normalize.py), so zero-width characters, look-alike
+    # letters, leetspeak and base64 do not hide a phrase. tests/test_gateway_filter_rules.py
+    # holds the cases each must catch and pass.
+    device = r"(phone|android|iphone|ios|usb|device|settings|tablet|browser|chrome|firefox|windows|xbox|samsung|pixel|tv)"
     return [
         FilterRule(id="ignore-previous", category="prompt_injection",
-                   pattern=r"\b(ignore|disregard|forget)\b.{0,40}\b(previous|prior|above|earlier|all)\b.{0,40}"
-                           r"\b(instructions?|prompts?|rules|directions)\b"),
+                   pattern=r"\b(ignore|disregard|forget|skip|override|bypass|drop)\b.{0,40}\b(previous|prior|above|"
+                           r"earlier|preceding|former|original|initial|system)\b.{0,40}\b(instructions?|prompts?|rules|"
+                           r"directions|directives|guidelines|commands)\b"),
+        FilterRule(id="forget-what-you-were-told", category="prompt_injection",
+                   pattern=r"\b(forget|ignore|disregard|discard)\b.{0,40}\b(you (were|have been|'ve been) (told|given|"
+                           r"taught|instructed|programmed)|your (instructions|rules|guidelines|programming|directives|"
+                           r"system prompt))\b"),
         FilterRule(id="reveal-system-prompt", category="prompt_injection",
-                   pattern=r"\b(reveal|print|show|repeat|leak)\b.{0,30}\b(system|hidden|initial)\s+(prompt|instructions?)\b"),
+                   pattern=r"\b(reveal|print|show|repeat|leak|output|display|dump|tell me|give me|what (is|are|were))\b"
+                           r".{0,30}\byour\b.{0,20}\b(system|hidden|initial|original|secret|internal)\s+(prompt|"
+                           r"instructions?|rules|guidelines|message)\b"),
+        FilterRule(id="repeat-text-above", category="prompt_injection",
+                   pattern=r"\b(repeat|print|output|copy)\b.{0,25}\b(everything|all|the (text|words|lines|"
+                           r"instructions))\b.{0,15}\babove\b.{0,40}\b(verbatim|starting|begin|word for word|you are)\b"),
+        FilterRule(id="dan", category="prompt_injection",
+                   pattern=r"(?-i:\bDAN\b)\s*(mode|\(|,? (which|that) stands for)|\b(act as|you are( now)?|"
+                           r"become|pretend to be|roleplay as)\s+(?-i:DAN)\b|\bdo anything now\b.{0,80}\b(rules|"
+                           r"restrictions|polic(y|ies)|filters|limits|openai|guidelines|censor)"),
         FilterRule(id="developer-mode", category="prompt_injection",
-                   pattern=r"\b(DAN|developer mode|jailbreak(ed)?)\b"),
+                   pattern=r"\bdeveloper mode (enabled|activated|output)\b(?!.{0,60}\b" + device + r"\b)|"
+                           r"\b(simulate|emulate|pretend|act as if)\b.{0,40}\bdeveloper mode\b(?!.{0,60}\b" + device
+                           + r"\b)"),
+        FilterRule(id="fake-system-turn", category="prompt_injection",
+                   pattern=r"<\|im_start\|>\s*(system|assistant)|<<SYS>>"),
         FilterRule(id="vergiss-anweisungen", category="prompt_injection",
-                   pattern=r"\b(vergiss|ignoriere)\b.{0,40}\b(anweisungen|alles|vorherigen?)\b"),
+                   pattern=r"\b(vergiss|vergessen sie|ignoriere|ignorieren sie|missachte)\b.{0,40}\b(vorherigen?|"
+                           r"bisherigen?|obigen?|vorangegangenen?|vorigen?|früheren?)\b.{0,40}\b(anweisungen|"
+                           r"instruktionen|befehle|regeln|informationen|angaben|aufgaben|vorgaben)\b|"
+                           r"\bvergiss\s+alles\s+(davor|zuvor|vorher|bisherige)\b"),
     ]
 
 
 class FilterConfig(Section):
     """The content filter: stage 1 rules (versioned), stage 2 a classifier trained by its own flow."""
 
-    rules_version: str = "2026-12-01"
+    rules_version: str = "2026-12-06"
     rules: list[FilterRule] = Field(default_factory=_default_rules)
     # Stage 2: the registered classifier loaded by alias ("<name>@<alias>"); None: rules only.
     classifier: str | None = "tuneloop-filter@champion"
@@ -385,6 +413,12 @@ class FilterConfig(Section):
     on_missing_classifier: Literal["rules_only", "fail"] = "rules_only"
     threshold: float | None = Field(None, ge=0.0, le=1.0)  # None: the one chosen at training
     prompts: Switch("block", "annotate", "off") = "block"  # block: 400 content_filter
+    # The chat roles whose messages are screened: every role by default (an injection in a
+    # system, developer, assistant or tool message reaches the model as well as a user's). The
+    # server adds no system prompt of its own; an application that trusts its own system
+    # prompt may leave "system" out. Completions' prompts are always screened.
+    roles: list[Literal["system", "developer", "user", "assistant", "tool"]] = Field(
+        default_factory=lambda: ["system", "developer", "user", "assistant", "tool"])
     # What a flag of the classifier alone (no rule matched) does to a prompt or an answer:
     # annotate (counted, logged, reported by /v1/moderations; the request goes on) or block.
     # annotate by default: trained on the 546-row set, it flags ~half of a list of everyday
@@ -409,7 +443,12 @@ class FilterConfig(Section):
 class FilterTrainingConfig(Section):
     """`tuneloop filter train`: the classifier's own flow (flows/filter.py)."""
 
-    train_path: Path = Path("../shared/data/prompt-injections/train.parquet")
+    # The labelled set the classifier trains on (columns text, label: 1 = injection). The
+    # default ships with the project, generated by components/gateway/injection_data.py.
+    train_path: Path = Path("data/injections/train.jsonl")
+    # A real labelled set the classifier never trains on, scored after training (its metrics
+    # are reported and logged as external.*, not used for blessing). None: none.
+    eval_path: Path | None = None
     registered_model: str = "tuneloop-filter"
     experiment: str = "tuneloop-filter"
     test_fraction: float = Field(0.2, gt=0, lt=1)

@@ -365,6 +365,11 @@ class StreamRedactor:
         self._holdback = holdback
         self._step = max(1, step)
         self.found: list[str] = []  # the type of every entity redacted so far
+        # Where the redactions are, in the unredacted text's characters: how much of it has
+        # gone out (redacted or not), and (start, end, replacement) of every redacted span,
+        # so that what is shown beside the text (logprobs' token texts) can follow them.
+        self.resolved = 0
+        self.spans: list[tuple[int, int, str]] = []
         self._reset()
         self._error: PiiError | None = None
 
@@ -433,6 +438,7 @@ class StreamRedactor:
         if m is None:
             return ""
         out, self._pending = p[:m.end()], p[m.end():]
+        self.resolved += m.end()
         self._tail = _left_context(self._tail + out, _CONTEXT_CHARS)
         self._next = max(self._next - m.end(), self._holdback + self._step)  # as often as a fresh stream at most
         return out
@@ -473,9 +479,11 @@ class StreamRedactor:
             if e > cut:
                 break
             out += (p[pos:s], f"<{kind}>")
+            self.spans.append((self.resolved + s, self.resolved + e, f"<{kind}>"))
             pos = e
             self.found.append(kind)
         out.append(p[pos:cut])
+        self.resolved += cut
         if final:
             self._reset()
         else:

@@ -440,8 +440,8 @@ class RequestGate:
     # ---- prompts ------------------------------------------------------------------------
     async def screen_prompts(self, texts: list[str], untrusted: list[bool] | None = None) -> list[str]:
         """PII (redact or block) on every prompt text, then the content filter (block or
-        annotate) on the untrusted ones (default all; chat: the user's messages, not the
-        system/developer prompt the application wrote)."""
+        annotate) on the untrusted ones (default all; chat: the messages of the roles
+        gateway.filter.roles names, every role by default)."""
         g = self.gateway
         if g.pii is not None and g.config.pii.mode != "off" and texts:
             results = await _redact_all(g.pii, texts)

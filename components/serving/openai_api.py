@@ -693,6 +693,10 @@ class _Generations:
         # The gateway's output side: PII redaction per choice (streams hold back a tail), the
         # text as the client got it (for the output filter and the cache), the filter's verdicts.
         self.redactors = [gate.output_redactor() if gate else None for _ in self.streams]
+        # logprob entries wait until the redaction has let their text out (None: not redacted)
+        wants = any(p.logprobs is not None for p in prepared.params)
+        self.held = [_HeldLogprobs(_TokenText(server), r.inner) if r is not None and wants else None
+                     for r in self.redactors]
         self.texts = [""] * len(self.streams)
         self.verdicts: list[Any] = [None] * len(self.streams)
         self._closed = False
@@ -724,22 +728,30 @@ class _Generations:
             logprobs = stream.token_logprobs[seen:seen + len(ids)]  # delivered in the tokens' order
             seen += len(logprobs)
             entries = list(zip(ids, logprobs))
+            held = self.held[i]
+            if held is not None:
+                held.add(entries)
             if text.stopped:
                 stream.cancel()  # a stop string ended it: stop generating
                 delta += await self._out(i, "", final=True)
-                yield delta, await self._finish(i, "stop"), entries
+                yield delta, await self._finish(i, "stop"), entries if held is None else held.release(final=True)
                 return
+            if held is not None:
+                entries = held.release()
             if delta or entries:
                 yield delta, None, entries
         if stream.finish_reason == "cancelled":
             raise _Aborted(self.abort_reason or "cancelled")
         last = await self._out(i, text.flush(), final=True)
-        yield last, await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"), []
+        yield (last, await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"),
+               [] if self.held[i] is None else self.held[i].release(final=True))
 
     async def _out(self, i: int, delta: str, final: bool = False) -> str:
         """What the client may see of a text delta: PII redacted (a tail held back until it is
         known not to start an entity; all of it at the end)."""
         redactor = self.redactors[i]
+        if self.held[i] is not None:
+            self.held[i].raw += len(delta)
         if redactor is not None:
             delta = await redactor.add(delta) if delta else ""
             if final:
@@ -951,13 +963,11 @@ async def _screen(gate: RequestGate | None, server: OpenAIServer, body):
     text of the prompt; returns the body the model sees (redacted)."""
     if gate is None:
         return body
-    if gate.redacts_outputs and body.logprobs is not None and body.logprobs is not False:
-        raise InvalidRequest("logprobs are not available while the gateway redacts outputs (gateway.pii.outputs: "
-                             "redact): token texts would bypass the redaction", param="logprobs")
     if isinstance(body, ChatCompletionRequest):
         texts = [m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
                  for m in body.messages]
-        screened = await gate.screen_prompts(texts, [m.role == "user" for m in body.messages])
+        roles = gate.gateway.config.filter.roles
+        screened = await gate.screen_prompts(texts, [m.role in roles for m in body.messages])
         if screened == texts:
             return body
         messages = [m if new == old else m.model_copy(update={"content": new})
@@ -1261,21 +1271,79 @@ class _TokenText:
         return text
 
 
+class _HeldLogprobs:
+    """One choice's logprob entries under output redaction (gateway.pii.outputs: redact).
+
+    A token's own text would show what the redaction removes, so entries wait until the
+    stream's redactor has let the text they cover out (StreamRedactor.resolved), and an entry
+    whose text falls inside a redacted span is shown with the redacted text instead (the
+    span's first token carries the replacement, e.g. "<PHONE_NUMBER>", the others "", and a
+    token's characters outside the span stay), its own logprob kept and no alternatives. Token texts are decoded one by one and may count
+    characters a little differently from the assembled text (a character split over tokens):
+    a span reaches that difference further on both sides, so the error is on the redacted side.
+    """
+
+    def __init__(self, token_text: _TokenText, redactor):
+        self.text = token_text
+        self.redactor = redactor  # the choice's StreamRedactor
+        self.held: list[tuple[int, float, list, int, int]] = []  # token, logprob, top, start, end
+        self.end = 0  # token-text characters so far
+        self.raw = 0  # characters of the assembled (unredacted) text handed to the redactor
+        self.shown: set[int] = set()  # spans whose replacement went out
+
+    def add(self, entries) -> None:
+        for token, (own, top) in entries:
+            n = len(self.text(token))
+            self.held.append((token, own, top, self.end, self.end + n))
+            self.end += n
+
+    def release(self, final: bool = False) -> list:
+        """The entries whose text the redaction has resolved (all of them when final), as
+        (token, (logprob, top), shown text or None for the token's own)."""
+        margin = abs(self.end - self.raw)
+        resolved = self.redactor.resolved
+        out = []
+        while self.held and (final or self.held[0][4] + margin <= resolved):
+            token, own, top, start, end = self.held.pop(0)
+            hits = [k for k, (s, e, _) in enumerate(self.redactor.spans) if start < e + margin and s - margin < end]
+            if not hits:
+                out.append((token, (own, top), None))
+                continue
+            # The token's text outside the spans stays; each span's replacement goes out once.
+            text, shown, pos = self.text(token), [], start
+            for k in hits:
+                s, e, replacement = self.redactor.spans[k]
+                shown.append(text[max(pos - start, 0):max(s - margin - start, 0)])
+                if k not in self.shown:
+                    shown.append(replacement)
+                    self.shown.add(k)
+                pos = max(pos, e + margin)
+            shown.append(text[min(max(pos - start, 0), len(text)):])
+            out.append((token, (own, []), "".join(shown)))
+        return out
+
+
+def _entries(entries):
+    """(token, (logprob, top), shown text or None) from a choice's entries, redacted or not."""
+    for entry in entries or []:
+        yield entry if len(entry) == 3 else (*entry, None)
+
+
 class _ChatLogprobs:
     """Chat's `logprobs` object: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
 
     def __init__(self, server: OpenAIServer):
         self.text = _TokenText(server)
 
-    def _item(self, token: int, logprob: float) -> dict:
-        text = self.text(token)
+    def _item(self, token: int, logprob: float, text: str | None = None) -> dict:
+        text = self.text(token) if text is None else text
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     def render(self, entries) -> dict | None:
         if entries is None:
             return None
-        return {"content": [{**self._item(token, own), "top_logprobs": [self._item(t, lp) for t, lp in top]}
-                            for token, (own, top) in entries], "refusal": None}
+        return {"content": [{**self._item(token, own, shown), "top_logprobs": [self._item(t, lp) for t, lp in top]}
+                            for token, (own, top), shown in _entries(entries)], "refusal": None}
 
 
 class _CompletionLogprobs:
@@ -1291,8 +1359,8 @@ class _CompletionLogprobs:
         if self.top is None:
             return None
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for token, (own, top) in entries or []:
-            text = self.text(token)
+        for token, (own, top), shown in _entries(entries):
+            text = self.text(token) if shown is None else shown
             out["tokens"].append(text)
             out["token_logprobs"].append(own)
             out["top_logprobs"].append({self.text(t): lp for t, lp in top})
