@@ -54,8 +54,9 @@ demo:
 	$(PARALLEL_MAKE) install
 	$(BIN)/tuneloop demo
 
-# The same loop on the real SmolLM2-135M-Instruct (LoRA fine-tune on T0 amazon-polarity from
-# ../shared/data): long on a 2-core CPU, not part of CI (which keeps tests/test_real_model.py).
+# The same loop on the real SmolLM2-135M-Instruct (LoRA fine-tune on the ticket-routing task the
+# project generates, data/tickets): long on a 2-core CPU, not part of CI (which keeps
+# tests/test_real_model.py).
 demo-smollm2: install
 	$(BIN)/tuneloop demo --config configs/smollm2.yaml
 

@@ -161,7 +161,7 @@ def demo(
     then the closed loop against a served champion.
 
     The training flow fine-tunes, evaluates, blesses, promotes, packages and infra-validates
-    the champion; the content filter's flow runs where its labelled set is present; the loop
+    the champion; the content filter's flow trains on the labelled set the project ships; the loop
     (components/demo.py) serves the champion, sends traffic, monitors, retrains on drift and
     moves the running server to the new champion."""
     started = time.time()
@@ -178,16 +178,11 @@ def demo(
     console.rule("3. training flow")
     train(config=config, data=None, eval_data=None, as_json=False)
     console.rule("4. content filter (the gateway's classifier)")
-    labelled = cfg.resolve(cfg.gateway.filter_training.train_path)
-    if labelled.exists():
-        try:
-            filter_train(config=config, data=None, as_json=False)
-        except typer.Exit as exc:  # not blessed: the gateway keeps its rules (and any earlier champion)
-            if exc.exit_code:
-                console.print("[yellow]the classifier was not blessed; the filter keeps what it had[/]")
-    else:
-        console.print(f"skipped: {labelled} is absent (gateway.filter_training.train_path); the content filter "
-                      "runs its rules only until `tuneloop filter train --data FILE`")
+    try:
+        filter_train(config=config, data=None, eval_data=None, as_json=False)
+    except typer.Exit as exc:  # not blessed: the gateway keeps its rules (and any earlier champion)
+        if exc.exit_code:
+            console.print("[yellow]the classifier was not blessed; the filter keeps what it had[/]")
     loop_out = _run_loop(cfg, config, "auto") if loop else None
     _print_next(cfg, loop_out, time.time() - started)
 
@@ -307,7 +302,10 @@ def train(
 def filter_train(
     config: Optional[Path] = ConfigOption,
     data: Optional[Path] = typer.Option(None, "--data", help="Labelled set with columns text, label "
-                                                             "(default: gateway.filter_training.train_path)."),
+                                                             "(default: gateway.filter_training.train_path, the "
+                                                             "set generated into data/injections)."),
+    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="A real labelled set (text, label) to score "
+                                                                       "the trained classifier on; never trained on."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
     """Run the filter-training flow: train the prompt-injection classifier, compare it with the
@@ -317,7 +315,8 @@ def filter_train(
     from flows.filter import filter_training_flow
 
     try:
-        summary = filter_training_flow(config_path=str(config) if config else None, data=str(data) if data else None)
+        summary = filter_training_flow(config_path=str(config) if config else None, data=str(data) if data else None,
+                                       eval_data=str(eval_data) if eval_data else None)
     except (FileNotFoundError, ValueError) as exc:
         _fail(f"{exc}\nnothing was trained or promoted", code=1)
     if as_json:
@@ -326,6 +325,10 @@ def filter_train(
     m, b = summary["metrics"], summary["baseline"]
     console.print(f"{summary['method']}: recall {m['recall']:.3f} at FPR {m['fpr']:.3f}, ROC-AUC {m['roc_auc']:.3f} "
                   f"(baseline: recall {b['recall']:.3f} at FPR {b['fpr']:.3f}, ROC-AUC {b['roc_auc']:.3f})")
+    if summary.get("external"):
+        e = summary["external"]
+        console.print(f"on {summary['external_path']} (never trained on): recall {e['recall']:.3f} at FPR "
+                      f"{e['fpr']:.3f}, precision {e['precision']:.3f}, ROC-AUC {e['roc_auc']:.3f}")
     state = "[green]blessed[/]" if summary["blessed"] else "[red]not blessed[/]"
     console.print(f"{summary['registered_model']} version {summary['version']}: {state} "
                   f"({'; '.join(summary['reasons'])}); champion: {summary['champion_after']}")
@@ -681,6 +684,41 @@ def serve(
     if outcome.failure:
         _fail(f"the server could not start: {outcome.failure}", code=1)
     raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def agreement(
+    config: Optional[Path] = ConfigOption,
+    model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="A Hugging Face model folder (default: "
+                                                                       "the one `tuneloop serve` would serve)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="serving.dtype to check (default: as configured)."),
+    forward: Optional[str] = typer.Option(None, "--forward", help="serving.forward to check: fused or transformers."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Does the served configuration give the reference's answers? Greedy answers on the committed
+    prompts and next-token agreement on the committed text, against transformers' float32 forward
+    of the same model (components/serving/agreement.py). Exit 0 when it passes the bar, 1 when not."""
+    cfg = _load(config)
+    from components.serving.agreement import check
+    from components.serving.setup import resolve_model_dir
+
+    if model_dir is None and cfg.model.base_model != "bootstrap":
+        ensure_base_model(cfg)
+    folder = model_dir or resolve_model_dir(cfg)
+    updates = {k: v for k, v in (("dtype", dtype), ("forward", forward)) if v is not None}
+    try:
+        serving = cfg.serving.model_validate({**cfg.serving.model_dump(), **updates})
+    except ValueError as exc:
+        _fail(str(exc))
+    report = check(folder, serving)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        console.print(f"{report.label} on {folder}: {report.line()}")
+        for a in report.answers:
+            if not a["equal"]:
+                console.print(f"  {a['id']}: reference {a['reference'][:60]!r}\n       served    {a['candidate'][:60]!r}")
+    raise typer.Exit(0 if report.passes else 1)
 
 
 def main():  # pragma: no cover - console entry point

@@ -420,10 +420,12 @@ class FilterConfig(Section):
     roles: list[Literal["system", "developer", "user", "assistant", "tool"]] = Field(
         default_factory=lambda: ["system", "developer", "user", "assistant", "tool"])
     # What a flag of the classifier alone (no rule matched) does to a prompt or an answer:
-    # annotate (counted, logged, reported by /v1/moderations; the request goes on) or block.
-    # annotate by default: trained on the 546-row set, it flags ~half of a list of everyday
-    # prompts outside that set (the filter flow reports it as everyday_fpr).
-    classifier_action: Switch("block", "annotate") = "annotate"
+    # block (400 content_filter) or annotate (counted, logged, reported by /v1/moderations;
+    # the request goes on). block by default: trained on the generated set (data/injections),
+    # it flagged none of the filter flow's everyday prompts and 4 of the 343 benign prompts of
+    # a real labelled set it never saw (README: the content filter); its blessing requires
+    # everyday_fpr <= 0.1, so a classifier that flags ordinary traffic is never promoted.
+    classifier_action: Switch("block", "annotate") = "block"
     # Answers are checked by the rules; by the classifier too only when this is on (it is a
     # prompt-injection detector, not an answer checker).
     classify_outputs: bool = False
@@ -458,6 +460,8 @@ class FilterTrainingConfig(Section):
     thresholds: list[MetricThreshold] = Field(default_factory=lambda: [
         MetricThreshold(metric="recall_at_target_fpr", value_threshold=ValueThreshold(lower_bound=0.5)),
         MetricThreshold(metric="roc_auc", value_threshold=ValueThreshold(lower_bound=0.8)),
+        # It blocks what it flags (gateway.filter.classifier_action): ordinary prompts must pass.
+        MetricThreshold(metric="everyday_fpr", value_threshold=ValueThreshold(upper_bound=0.1)),
     ])
     # Method-specific settings (components/gateway/filter_model.py says which it reads).
     params: dict[str, Any] = {}

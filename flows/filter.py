@@ -23,10 +23,10 @@ from components.config import TuneloopConfig, load_config
 
 
 @task(cache_policy=NO_CACHE)
-def train(cfg: TuneloopConfig, out_dir: Path, data: Path | None):
+def train(cfg: TuneloopConfig, out_dir: Path, data: Path | None, eval_data: Path | None = None):
     from components.gateway.filter_training import train_filter
 
-    return train_filter(cfg, out_dir, data, progress=get_run_logger().info)
+    return train_filter(cfg, out_dir, data, progress=get_run_logger().info, eval_data=eval_data)
 
 
 @task(cache_policy=NO_CACHE)
@@ -56,7 +56,8 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
 
 
 @flow(name="filter-training", log_prints=True)
-def filter_training_flow(config_path: str | None = None, data: str | None = None) -> dict[str, Any]:
+def filter_training_flow(config_path: str | None = None, data: str | None = None,
+                         eval_data: str | None = None) -> dict[str, Any]:
     import mlflow
 
     from components.tracking import numeric, setup_mlflow
@@ -67,11 +68,14 @@ def filter_training_flow(config_path: str | None = None, data: str | None = None
     setup_mlflow(cfg, experiment=t.experiment)
     with mlflow.start_run(run_name="filter-training") as run:
         out_dir = cfg.home / "filter-runs" / run.info.run_id
-        result = train(cfg, out_dir, Path(data) if data else None)
+        result = train(cfg, out_dir, Path(data) if data else None, Path(eval_data) if eval_data else None)
         mlflow.log_params({"train_path": str(cfg.resolve(data or t.train_path)), "target_fpr": t.target_fpr,
                            "test_fraction": t.test_fraction, "seed": t.seed, **result.params})
         mlflow.log_metrics(numeric(result.metrics))
         mlflow.log_metrics({f"baseline.{k}": v for k, v in numeric(result.baseline).items()})
+        if result.external is not None:
+            mlflow.log_param("external_eval_path", str(result.external_path))
+            mlflow.log_metrics({f"external.{k}": v for k, v in numeric(result.external).items()})
         mlflow.log_artifact(str(result.plot), "report")
         mlflow.log_artifact(str(result.report), "report")
         mlflow.log_artifacts(str(result.model_dir), "model")
@@ -84,6 +88,7 @@ def filter_training_flow(config_path: str | None = None, data: str | None = None
         summary = {
             "run_id": run.info.run_id, "registered_model": t.registered_model, "version": version,
             "method": result.method, "metrics": result.metrics, "baseline": result.baseline,
+            "external": result.external, "external_path": str(result.external_path) if result.external_path else None,
             "champion_before": champion_version, "champion_metrics": champion_metrics,
             "blessed": blessing.blessed, "reasons": blessing.reasons,
             "promoted": bool(promotion and promotion.promoted), "promotion_refused": refused,

@@ -113,3 +113,43 @@ def test_gateway_switches_read_as_written_in_yaml(tmp_path):
     path.write_text("gateway:\n  tiers: {free: {requests_per_minute: 0, tokens_per_minute: 10}}\n")
     with pytest.raises(ConfigError, match="gateway.tiers.free.requests_per_minute"):
         load_config(path, environ={})
+
+
+SHIPPED = sorted((REPO_ROOT / "configs").glob("*.yaml"))
+
+
+def _paths(section, where: str = ""):
+    """(dotted key, Path) of every path-valued setting in a config section, nested ones included."""
+    from pydantic import BaseModel
+
+    for name in type(section).model_fields:
+        value = getattr(section, name)
+        key = f"{where}.{name}" if where else name
+        if isinstance(value, BaseModel):
+            yield from _paths(value, key)
+        elif isinstance(value, Path):
+            yield key, value
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_a_shipped_config_reads_nothing_outside_the_clone_and_its_home(config):
+    """A user's clone has nothing beside it: every path a shipped config names (data, suites,
+    DeepSpeed configs, the filter's labelled set, ...) is inside the repository or the state
+    folder, and the ones that must exist do."""
+    cfg = load_config(config, environ={})
+    assert SHIPPED and cfg.home.is_relative_to(REPO_ROOT)
+    keys = []
+    for key, path in _paths(cfg):
+        resolved = cfg.resolve(path)
+        keys.append(key)
+        assert resolved.is_relative_to(REPO_ROOT) or resolved.is_relative_to(cfg.home), f"{config.name}: {key} = {path}"
+        if key in {"data.train_path", "gateway.filter_training.train_path", "evaluation.behaviour_suite",
+                   "training.deepspeed_config"}:
+            assert resolved.exists(), f"{config.name}: {key} = {resolved} does not exist in the clone"
+    assert "data.train_path" in keys and "gateway.filter_training.train_path" in keys
+    assert "../shared" not in config.read_text()
+
+
+def test_no_make_target_reads_beside_the_clone():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "../shared" not in makefile and "shared/data" not in makefile

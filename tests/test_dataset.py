@@ -230,3 +230,44 @@ def test_sample_is_clean_and_balanced(tmp_path):
     # The default config prepares it as the demo does.
     ds = prepare_dataset(make_cfg(tmp_path), train_path=SAMPLE / "train.jsonl")
     assert len(ds.eval) == round(len(examples) * 0.1) and ds.rejects == []
+
+
+def test_generated_task_sets_regenerate_byte_identical(tmp_path):
+    """The sets the project generates (data/tickets for configs/smollm2.yaml, data/injections
+    for the content filter) are what their generators write, byte for byte."""
+    from components.config import REPO_ROOT
+    from components.data.tickets import write as write_tickets
+    from components.gateway.injection_data import write as write_injections
+
+    for write, folder in ((write_tickets, "tickets"), (write_injections, "injections")):
+        out = tmp_path / folder
+        write(out)
+        for name in ("README.md", "train.jsonl"):
+            assert (out / name).read_bytes() == (REPO_ROOT / "data" / folder / name).read_bytes(), \
+                f"data/{folder}/{name} differs: rerun its generator"
+
+
+def test_the_ticket_task_splits_by_ticket_and_its_majority_label_is_far_from_a_pass(tmp_path):
+    """configs/smollm2.yaml's task: every template of a ticket lands on the same side of the
+    split (a better eval score means unseen tickets routed, not tickets remembered), and always
+    answering the commonest class scores far below the blessing's bar."""
+    from collections import Counter
+
+    from components.config import REPO_ROOT, load_config
+    from components.data.dataset import prepare_dataset
+    from components.data.tickets import TEMPLATES
+
+    cfg = load_config(REPO_ROOT / "configs" / "smollm2.yaml", environ={"TUNELOOP_HOME": str(tmp_path)})
+    prepared = prepare_dataset(cfg)
+    assert len(prepared.train) + len(prepared.eval) == 2208 and 150 <= len(prepared.eval) <= 300
+
+    def ticket(example) -> str:  # the ticket inside the row's template
+        prompt, _ = TEMPLATES[example.extra["template"]]
+        before, after = prompt.split("{ticket}")
+        return example.prompt.removeprefix(before.strip()).removesuffix(after.strip()).strip()
+
+    train_tickets = {ticket(e) for e in prepared.train}
+    eval_tickets = {ticket(e) for e in prepared.eval}
+    assert len(eval_tickets) * 6 == len(prepared.eval) and not train_tickets & eval_tickets
+    labels = Counter(e.extra["label"] for e in prepared.eval)
+    assert max(labels.values()) / len(prepared.eval) < 0.4 < cfg.blessing.thresholds[0].value_threshold.lower_bound

@@ -979,7 +979,7 @@ def test_a_classifier_in_another_process_is_awaited_not_handed_to_a_thread():
     asyncio.run(main())
 
 
-def test_classifier_flags_annotate_by_default_and_block_when_configured():
+def test_classifier_flags_block_by_default_and_annotate_when_configured():
     from components.config import FilterConfig
     from components.gateway.content_filter import ContentFilter, RuleSet
 
@@ -990,7 +990,7 @@ def test_classifier_flags_annotate_by_default_and_block_when_configured():
             return [0.9 if "poem" in t else 0.1 for t in texts]
 
     f = FilterConfig()
-    assert f.classifier_action == "annotate"
+    assert f.classifier_action == "block"
     flt = ContentFilter(RuleSet(f.rules, f.rules_version), Threshold(), max_latency_ms=0)
 
     async def main():

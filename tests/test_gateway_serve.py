@@ -1,8 +1,11 @@
 """The gateway through the real stack: `tuneloop filter train` (the Prefect flow, MLflow
 registry), `tuneloop keys`, a real Redis, and two `bentoml serve` replicas sharing them.
 
-- the flow trains the classifier, logs metrics and the confusion matrix, registers and
-  promotes it; both replicas load it by alias (tuneloop-filter@champion);
+- the flow runs in a fresh clone with nothing beside it: it trains the classifier on the set
+  the project ships (data/injections), scores it on the real labelled set when the team's
+  test data is there (../shared, --eval-data), logs metrics and the confusion matrix,
+  registers and promotes it; both replicas load it by alias (tuneloop-filter@champion) and
+  refuse the bypasses a new user found while passing the ordinary prompts it misjudged;
 - keys made and revoked with the CLI; /readyz, /livez, /metrics need none, /v1 does;
 - N requests released together across both replicas against a limit of L: exactly L pass;
 - the official SDK: moderations, a chat completion, a 429 as RateLimitError;
@@ -25,19 +28,18 @@ import pytest
 from tests.servers import free_port, prefect_home, redis_server, service, services
 from tests.servers import last_json as _last_json
 from tests.test_gateway import PLANTED
+from tests.test_gateway_filter_rules import BENIGN, BYPASSES
 from tests.serving_tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")
-INJECTIONS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompt-injections" / "train.parquet"
-
-pytestmark = pytest.mark.skipif(not INJECTIONS.exists(), reason=f"{INJECTIONS} is absent (the filter's training set)")
+# The team's real labelled set (never trained on): scored when present, as a user's --eval-data.
+INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"
 
 
 def _env(tmp: Path, redis_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
     env.update({"TUNELOOP_HOME": str(tmp / "home"), "TUNELOOP_REDIS_URL": redis_url,
-                "TUNELOOP__GATEWAY__FILTER_TRAINING": json.dumps({"train_path": str(INJECTIONS)}),
                 "BENTOML_HOME": str(tmp / "bentoml"), "PREFECT_HOME": str(prefect_home(tmp / "prefect")),
                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"})
     return env
@@ -55,7 +57,17 @@ def stack(tmp_path_factory):
     model = build_tiny_model(tmp / "model")
     with redis_server(tmp) as redis_url:
         env = _env(tmp, redis_url)
-        trained = _last_json(_cli(env, "filter", "train", "--json").stdout)
+        # A user's clone: the committed tree in a folder with nothing beside it, its own code
+        # (python -m from the clone, not this checkout's), the default config and data.
+        clone = tmp / "clone"
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", f"file://{ROOT}", str(clone)], check=True,
+                       timeout=120)
+        assert not (clone.parent / "shared").exists()
+        real = ["--eval-data", str(INJECTIONS)] if INJECTIONS.exists() else []
+        out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json", *real], env=env,
+                             capture_output=True, text=True, timeout=900, cwd=clone)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+        trained = _last_json(out.stdout)
         serve_env = {**env, "TUNELOOP_SERVE_MODEL_DIR": str(model), "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat",
                      "TUNELOOP_SERVE_MODEL_VERSION": "7", "TUNELOOP__SERVING__NUM_THREADS": "1",
                      "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__WARMUP_REQUESTS": "2"}
@@ -81,7 +93,12 @@ def test_the_flow_trained_registered_and_promoted_the_classifier(stack):
     assert t["registered_model"] == "tuneloop-filter" and t["promoted"] and t["champion_after"] == t["version"]
     for k in ("recall", "fpr", "precision", "roc_auc"):
         assert 0.0 <= t["metrics"][k] <= 1.0
-    assert t["metrics"]["roc_auc"] > 0.85 and t["baseline"]["roc_auc"] > 0.8
+    assert t["metrics"]["roc_auc"] > 0.95 and t["baseline"]["roc_auc"] > 0.8
+    assert t["metrics"]["everyday_fpr"] <= 0.1  # it blocks what it flags: ordinary prompts pass
+    assert Path(t["external_path"] or "").name == ("train.parquet" if INJECTIONS.exists() else "")
+    if INJECTIONS.exists():  # trained only on the generated set: how it does on real prompts
+        e = t["external"]
+        assert e["n_test"] == 546 and e["roc_auc"] > 0.95 and e["recall"] > 0.8 and e["fpr"] <= 0.05, e
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{stack['tmp'] / 'home' / 'mlflow.db'}"
@@ -95,6 +112,31 @@ def test_the_flow_trained_registered_and_promoted_the_classifier(stack):
     # both replicas serve it by alias
     for log in stack["logs"]:
         assert f"classifier tuneloop-filter:{t['version']} (tuneloop-filter@champion)" in log.read_text()
+
+
+def test_the_served_filter_refuses_the_bypasses_and_passes_ordinary_prompts(stack):
+    """What a new user met with rules only: bypasses through zero-width characters, look-alike
+    letters, base64, rewording, and ordinary prompts refused. Through the API (both stages), and
+    the served classifier on its own (the folder the replicas loaded): it flags every bypass and
+    none of the ordinary prompts."""
+    import openai
+
+    from components.gateway.filter_model import InjectionClassifier
+
+    _, key = _key(stack["env"], "filter-test")
+    client = openai.OpenAI(base_url=stack["urls"][1] + "/v1", api_key=key, max_retries=0)
+    for case, text in BYPASSES.items():
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny-chat", max_tokens=2, messages=[{"role": "user", "content": text}])
+        assert e.value.code == "content_filter", case
+    for text in BENIGN:
+        reply = client.chat.completions.create(model="tiny-chat", max_tokens=2, messages=[{"role": "user",
+                                                                                        "content": text}])
+        assert reply.choices[0].finish_reason in ("stop", "length"), text
+    folder = stack["tmp"] / "home" / "gateway" / "filter" / f"tuneloop-filter-{stack['trained']['version']}"
+    served = InjectionClassifier.load(folder)
+    assert served.flags(list(BYPASSES.values())) == [True] * len(BYPASSES)
+    assert served.flags(BENIGN) == [False] * len(BENIGN), dict(zip(BENIGN, served.scores(BENIGN).round(3)))
 
 
 def test_keys_guard_v1_and_not_the_probes(stack):

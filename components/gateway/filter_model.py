@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from components.cpu_turns import CPU_TURNS
+from components.gateway.normalize import screening_views
 from components.embeddings import (  # noqa: F401 - encoder_path is part of this module's API
     ENCODER_NAME,
     ENCODER_PACKAGE,
@@ -82,7 +83,9 @@ from components.embeddings import (  # noqa: F401 - encoder_path is part of this
 )
 
 FORMAT = "tuneloop-injection-classifier"
-FORMAT_VERSION = 1
+# 2: config["normalize"]: texts are scored through their screening views (normalize.py);
+# version-1 folders score the raw text, as they were trained.
+FORMAT_VERSION = 2
 METHODS = ("hybrid", "baseline", "finetune")
 DEFAULT_METHOD = "hybrid"
 
@@ -477,7 +480,8 @@ class InjectionClassifier:
         return self._encoder
 
     def scores(self, texts: Iterable[str]) -> np.ndarray:
-        """P(injection) per text, float64, in order; scored in chunks."""
+        """P(injection) per text, float64, in order: the highest over the text's screening
+        views (components/gateway/normalize.py; a version-1 folder: the raw text)."""
         if isinstance(texts, str):
             raise TypeError("scores() takes a list of texts, not a single string")
         texts = list(texts)
@@ -486,6 +490,16 @@ class InjectionClassifier:
                 raise TypeError(f"texts must be strings, got {type(t).__name__}")
         if not texts:
             return np.zeros(0, dtype=np.float64)
+        if not self._config.get("normalize"):
+            return self._view_scores(texts)
+        views = [screening_views(t) for t in texts]
+        unique = list(dict.fromkeys(v for vs in views for v in vs))
+        at = {v: i for i, v in enumerate(unique)}
+        scored = self._view_scores(unique)
+        return np.array([max(scored[at[v]] for v in vs) for vs in views], dtype=np.float64)
+
+    def _view_scores(self, texts: list[str]) -> np.ndarray:
+        """P(injection) of each text as it is, scored in chunks."""
         model = self._model()
         cut = self._config.get("screen_cut")
         out = []
@@ -730,6 +744,26 @@ def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     return head, encoder
 
 
+def _extra_view_scores(head: "_Head", model, extra: list[list[str]], rows: np.ndarray, cfg: dict,
+                       dense_extra: np.ndarray | None) -> np.ndarray:
+    """Per row of `rows`, the highest score of its views beyond the first (0 without any).
+    dense_extra: the frozen features of every extra view, in order (None: computed with `model`)."""
+    out = np.zeros(len(rows), dtype=np.float64)
+    starts = np.cumsum([0] + [len(xs) for xs in extra])
+    picked = [(i, j) for i, r in enumerate(rows) for j in range(starts[r], starts[r + 1])]
+    if not picked:
+        return out
+    flat = [x for xs in extra for x in xs]
+    view_texts = [flat[j] for _, j in picked]
+    if dense_extra is not None:
+        dense = dense_extra[[j for _, j in picked]]
+    else:
+        dense = _dense_features(model, view_texts, cfg) if model is not None else None
+    for (i, _), score in zip(picked, head.predict(view_texts, dense)):
+        out[i] = max(out[i], score)
+    return out
+
+
 def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None = None,
                      progress: Progress = None) -> InjectionClassifier:
     """Train params["method"] (default hybrid) on train_df; threshold for target_fpr from
@@ -745,7 +779,11 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
     if method == "baseline":
         cfg["segments"] = False
     df, dedup = deduplicate(train_df)
-    texts = df["text"].to_numpy(dtype=object)
+    # Trained on what it is shown when serving: the normalised text (view 1 of
+    # components/gateway/normalize.py); the out-of-fold scores take the maximum over every view.
+    views = [screening_views(t) for t in df["text"]]
+    texts = np.array([v[0] for v in views], dtype=object)
+    extra = [v[1:] for v in views]
     labels = df["label"].to_numpy(dtype=int)
     n_pos, n_neg = int(labels.sum()), int(len(labels) - labels.sum())
     folds = int(cfg["finetune_oof_folds"] if method == "finetune" else cfg["oof_folds"])
@@ -758,11 +796,12 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
                    f"{folds}-fold out-of-fold threshold")
     _seed_everything(seed)
 
-    dense, features = None, None
+    dense, features, dense_extra = None, None, None
     if method != "finetune":  # frozen features: computed once, reused by every fold
         t0 = time.perf_counter()
         features = _feature_model(cfg)
         dense = _dense_features(features, list(texts), cfg)
+        dense_extra = _dense_features(features, [x for xs in extra for x in xs], cfg) if any(extra) else None
         _say(progress, f"filter {method}: {cfg['embeddings']} embeddings of {len(texts)} texts in "
                        f"{time.perf_counter() - t0:.1f}s")
 
@@ -774,6 +813,8 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
                          dense=None if dense is None else dense[tr], label=f" fold {k + 1}/{folds}")
         dva = dense[va] if enc is None else _dense_features(enc, list(texts[va]), cfg)
         oof[va] = head.predict(list(texts[va]), dva)
+        oof[va] = np.maximum(oof[va], _extra_view_scores(head, enc if enc is not None else features, extra, va, cfg,
+                                                              dense_extra))
         first = head.screen(head.sparse(list(texts[va])))
         if first is not None:
             oof_screen[va] = first
@@ -815,6 +856,7 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
     else:
         ref = {"kind": "packaged", "package": ENCODER_PACKAGE, "model": ENCODER_NAME}
     config = {k: cfg[k] for k in ("segments", "max_segments", "whole_embedding", "batch_size", "device")}
+    config["normalize"] = True  # scores() reads the views of components/gateway/normalize.py
     config["screen_cut"] = cut
     config["params"] = {k: v for k, v in cfg.items()}
     return InjectionClassifier(method, threshold, info, head, config, ref, encoder)
