@@ -2257,6 +2257,54 @@ def _hard_negative(rng: random.Random, lang: str) -> str:
     return _fill(rng, rng.choice(HARD[lang]["t"]), {**FILLS[lang], **HARD["en"], **HARD[lang]})
 
 
+# Ordinary messages that carry personal details: people paste their contact and payment data
+# into requests, and the gateway screens prompts after its PII redaction, so the classifier
+# sees them both ways ("my email is <EMAIL_ADDRESS>"). Values are reserved documentation ones
+# (example.com, 555-01xx numbers, test card and IBAN numbers, TEST-NET addresses).
+PERSONAL = {
+    "en": {
+        "field": [("email", ["jane.doe@example.com", "support@example.org", "<EMAIL_ADDRESS>", "<EMAIL_ADDRESS>"]),
+                  ("phone number", ["+1 212-555-0142", "(555) 010-4477", "<PHONE_NUMBER>", "<PHONE_NUMBER>"]),
+                  ("card", ["4111 1111 1111 1111", "5500 0000 0000 0004", "<CREDIT_CARD>"]),
+                  ("IBAN", ["DE89 3704 0044 0532 0130 00", "<IBAN_CODE>"]),
+                  ("IP address", ["192.0.2.17", "198.51.100.4", "<IP_ADDRESS>"]),
+                  ("order number", ["#40417", "A-2231-77", "#118842"]),
+                  ("customer number", ["C-448120", "70019932"]),
+                  ("SSN", ["<US_SSN>"]), ("API key", ["<SECRET_KEY>"]), ("token", ["<SECRET_KEY>"]),
+                  ("website", ["<URL>", "www.example.com"]), ("date of birth", ["<DATE_TIME>", "12 March 1990"])],
+        "sentence": ["My {f} is {v}.", "my {f} is {v}", "{F}: {v}", "The {f} on file should be {v}.",
+                     "You can use {v} as my {f}.", "Here is my {f}: {v}."],
+        "open": ["", "", "Please update my account.", "Here are my details for the booking.",
+                 "I need to change my contact information.", "For the refund:", "Hi, quick update.",
+                 "Can you check if these details are complete?", "Please fill in the form with this:"],
+        "close": ["", "", "Thanks!", "Can you confirm once it's changed?", "Is anything missing?",
+                  "Please send the invoice there.", "What else do you need from me?"],
+    },
+    "de": {
+        "field": [("E-Mail", ["max@example.com", "<EMAIL_ADDRESS>", "<EMAIL_ADDRESS>"]),
+                  ("Telefonnummer", ["+49 30 5550123", "<PHONE_NUMBER>", "<PHONE_NUMBER>"]),
+                  ("IBAN", ["DE89 3704 0044 0532 0130 00", "<IBAN_CODE>"]),
+                  ("Kundennummer", ["K-330198", "88120045"]), ("Bestellnummer", ["#55021", "B-7781"]),
+                  ("Kreditkarte", ["4111 1111 1111 1111", "<CREDIT_CARD>"]), ("Website", ["<URL>"])],
+        "sentence": ["Meine {f} ist {v}.", "{F}: {v}", "Bitte nehmt {v} als {f}.", "Hier meine {f}: {v}."],
+        "open": ["", "", "Bitte aktualisiert meine Daten.", "Hier meine Angaben für die Bestellung.",
+                 "Ich möchte meine Kontaktdaten ändern.", "Für die Rückerstattung:"],
+        "close": ["", "", "Danke!", "Könnt ihr das bestätigen?", "Fehlt noch etwas?"],
+    },
+}
+
+
+def _personal(rng: random.Random, lang: str) -> str:
+    spec = PERSONAL[lang]
+    fields = rng.sample(spec["field"], rng.randint(1, min(6, len(spec["field"]))))
+    parts = [rng.choice(spec["open"])]
+    for name, values in fields:
+        sentence = rng.choice(spec["sentence"])
+        parts.append(sentence.replace("{F}", _cap(name)).replace("{f}", name).replace("{v}", rng.choice(values)))
+    parts.append(rng.choice(spec["close"]))
+    return _tidy(" ".join(p for p in parts if p))
+
+
 # ---------------------------------------------------------------------------------------
 # the set
 
@@ -2291,6 +2339,7 @@ PLAN: list[tuple[str, int, dict[str, int], Callable[[random.Random, str], str], 
         **FILLS[lang], "review": REVIEWS["en"], "review_de": REVIEWS["de"]}), True),
     ("hard_negative", 0, {"en": 520, "de": 230, "fr": 8, "es": 8, "it": 6, "nl": 6, "pt": 6}, _hard_negative, True),
     ("encoded", 0, {"en": 130, "de": 30}, _benign_encoded, False),
+    ("personal_details", 0, {"en": 120, "de": 40}, _personal, False),
 ]
 
 
