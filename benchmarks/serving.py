@@ -87,7 +87,7 @@ from components.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 
 SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "slots-thread",
-           "slots-process", "inprocess", "vllm"]
+           "slots-process", "slots-lossy", "slots-transformers-lossy", "inprocess", "vllm"]
 DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
 LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
 # opt-in (--systems slots,slots-nolog): the slots engine with the request log off, to measure the log's cost
@@ -95,11 +95,17 @@ NOLOG_LABEL = "(c3) slots, no log"
 # opt-in (--systems slots,slots-transformers): the slots engine on transformers' forward instead of
 # its fused one (serving.forward), to measure what the fused forward buys on the served model
 TRANSFORMERS_LABEL = "(c4) slots, transformers' forward"
+# opt-in: the full-bfloat16 path (serving.dtype: bfloat16-lossy), whose answers are not the reference's
+LOSSY_LABEL = "(c7) slots, fused, bfloat16-lossy"
 # the slots engine's variants: system -> (label, settings on top of the shipped ones); opt-in
 # slots-thread / slots-process: the engine on the server's thread or in a process of its own
 # (serving.engine_process), whichever the shipped setting is
 SLOTS_VARIANTS = {"slots-nolog": (NOLOG_LABEL, {"TUNELOOP__REQUEST_LOG__ENABLED": "false"}),
                   "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"}),
+                  "slots-lossy": (LOSSY_LABEL, {"TUNELOOP__SERVING__DTYPE": "bfloat16-lossy"}),
+                  "slots-transformers-lossy": (LOSSY_LABEL.replace("fused", "transformers'"),
+                                               {"TUNELOOP__SERVING__DTYPE": "bfloat16-lossy",
+                                                "TUNELOOP__SERVING__FORWARD": "transformers"}),
                   "slots-thread": ("(c5) slots, engine on a thread", {"TUNELOOP__SERVING__ENGINE_PROCESS": "false"}),
                   "slots-process": ("(c6) slots, engine in its own process", {"TUNELOOP__SERVING__ENGINE_PROCESS": "true"})}
 VLLM_LABEL = "(e) vLLM"
@@ -387,6 +393,65 @@ async def drive_http(url: str, requests: list[BenchRequest], send, args, label: 
 
 
 # ---------------------------------------------------------------------------------------
+# agreement with the reference (components/serving/agreement.py)
+
+
+async def _greedy_over_http(url: str, prompts: list[dict], max_tokens: int) -> list[str]:
+    """Each prompt's greedy answer from a server's chat API (its served path, whatever engine)."""
+    client = Client(url)
+    try:
+        out = []
+        for p in prompts:
+            body = {"model": MODEL_NAME, "messages": p["messages"], "max_tokens": max_tokens, "temperature": 0}
+            status, pieces = await client.post("/v1/chat/completions", body)
+            raw = b"".join([piece async for piece in pieces])
+            out.append(json.loads(raw)["choices"][0]["message"]["content"] if status == 200 else f"<HTTP {status}>")
+        return out
+    finally:
+        await client.close()
+
+
+def measure_agreement(measurables: list[Measurable], reference, serving: ServingConfig) -> dict[str, dict]:
+    """label -> agreement: every server's greedy answers on the committed prompts against the
+    float32 reference's (as text), and for the slots configurations also the teacher-forced
+    top-1 agreement and KL of their forward (in this process)."""
+    from components.serving.agreement import word_prefix
+
+    decode = reference.loaded.tokenizer.decode
+    wanted = [decode(a, skip_special_tokens=True) for a in reference.answers]
+    out: dict[str, dict] = {}
+    for m in measurables:
+        if m.label in out:  # (d)'s candidates share one label (and the slots engine's configuration)
+            continue
+        row: dict = {}
+        if m.url is not None:
+            got = asyncio.run(_greedy_over_http(m.url, reference.prompts, reference.max_new_tokens))
+            row = {"exact": sum(g.strip() == w.strip() for g, w in zip(got, wanted)), "of": len(wanted),
+                   "word_prefix": sum(word_prefix(w, g) for g, w in zip(got, wanted)) / len(wanted),
+                   "first_answer": got[0][:60]}
+        if m.serving is not None or m.label == "(d) in-process":
+            config = ServingConfig(**{**serving.model_dump(), **(m.serving or {})})
+            report = reference.compare(config)
+            row.setdefault("exact", report.exact)
+            row.setdefault("of", report.prompts)
+            row.setdefault("word_prefix", report.word_prefix)
+            row.update({"top1": report.top1, "kl": report.kl, "tokens": report.tokens, "configuration": report.label})
+        if row:
+            row["passes"] = (row["exact"] * 24 >= 23 * row["of"]) and row.get("top1", 1.0) >= 0.99
+            out[m.label] = row
+            print(f"agreement {m.label}: {agreement_text(row)}", flush=True)
+    return out
+
+
+def agreement_text(row: dict | None) -> str:
+    if not row:
+        return "n/a"
+    top1 = f", top-1 {row['top1']:.4f}" if "top1" in row else ""
+    return (f"{row['exact']}/{row['of']} greedy equal, word-prefix {row['word_prefix']:.3f}{top1}"
+            f" ({'passes' if row['passes'] else 'FAILS'})")
+
+
+# ---------------------------------------------------------------------------------------
 # summaries
 
 
@@ -510,6 +575,10 @@ def print_comparison(summaries: list[dict]) -> None:
               f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}")
     print("(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
           "used during the run)")
+    print("\nagreement with transformers' float32 answers (components/serving/agreement.py; bar: >= 23/24 "
+          "greedy answers equal and top-1 >= 0.99):")
+    for s in summaries:
+        print(f"  {s['system']:<40} {s['output_throughput']:>7.1f} tok/s   {agreement_text(s.get('agreement'))}")
     if (logged := by.get(LABELS["slots"])) and (unlogged := by.get(NOLOG_LABEL)):
         # Paired per round (the two ran minutes apart at most), median over rounds, as the verdicts below.
         per_round = [a / b for a, b in zip(logged["rounds_tok_s"], unlogged["rounds_tok_s"]) if b]
@@ -660,6 +729,8 @@ class Measurable:
     label: str
     once: Callable[[], tuple[list[RequestResult], float, dict]]
     mode: str = ""  # (d) candidates: which way of batching
+    url: str | None = None  # a server's: its greedy answers are compared with the reference's
+    serving: dict | None = None  # a slots configuration: its forward is compared in-process too
 
 
 @contextmanager
@@ -684,7 +755,7 @@ def naive_system(model_dir: Path, requests, args, work: Path):
                 results, duration = asyncio.run(drive_http(url, requests, send_naive, args, "(a) naive"))
             return results, duration, extra
 
-        yield [Measurable("(a) naive", once)]
+        yield [Measurable("(a) naive", once, url=url)]
 
 
 @contextmanager
@@ -733,7 +804,9 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
                 extra["notes"] = [f"{int(batches)} {unit}; mean batch size = rows per {per}"]
             return results, duration, extra
 
-        yield [Measurable(label, once)]
+        settings_of = {k.removeprefix("TUNELOOP__SERVING__").lower(): v for k, v in env.items()
+                       if k.startswith("TUNELOOP__SERVING__")}
+        yield [Measurable(label, once, url=url, serving={**args.serving, **settings_of} if engine == "slots" else None)]
 
 
 @contextmanager
@@ -765,7 +838,7 @@ def vllm_system(model_dir: Path, requests, args, work: Path):
                 results, duration = asyncio.run(drive_http(url, requests, send_chat_stream, args, VLLM_LABEL))
             return results, duration, extra
 
-        yield [Measurable(VLLM_LABEL, once)]
+        yield [Measurable(VLLM_LABEL, once, url=url)]
 
 
 @contextmanager
@@ -967,6 +1040,8 @@ def main() -> None:
                         help="measure each system this many times back to back (same server) and report the "
                              "median round (default 3)")
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument("--no-agreement", dest="agreement", action="store_false",
+                        help="skip the agreement check (every system's answers against transformers' float32)")
     parser.add_argument("--gateway", choices=["off", "pii"], default="off",
                         help="off: no gateway stage; pii: its PII redaction on, as shipped (auth, filter, cache "
                              "off): the request log's cost in the shipped configuration")
@@ -985,12 +1060,7 @@ def main() -> None:
     serving = ServingConfig(**{**load_config(None).serving.model_dump(), **args.serving})
 
     model_dir = resolve_model(args)
-    if serving.dtype == "auto":  # chosen once, so that every system serves the same dtype
-        from components.serving.engine import choose_cpu_dtype, load_model
-
-        dtype, why = choose_cpu_dtype(load_model(model_dir, args.num_threads).model)
-        args.serving["dtype"] = serving.dtype = str(dtype).removeprefix("torch.")
-        print(f"serving dtype for every system: {why}", flush=True)
+    print(f"serving dtype for every system: {serving.dtype} (each system may set its own)", flush=True)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -1008,6 +1078,13 @@ def main() -> None:
           f"cores {os.cpu_count()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
           f"torch threads {args.num_threads or 'default'}, serving overrides {args.serving or 'none'}", flush=True)
 
+    reference = None
+    if args.agreement:  # transformers' float32 answers, computed once for every system
+        from components.serving.agreement import Reference, load_prompts
+
+        reference = Reference(model_dir, prompts=load_prompts()[:24])
+        print(f"agreement reference: transformers float32, 24 prompts, in {reference.seconds:.0f} s; first answer "
+              f"{reference.loaded.tokenizer.decode(reference.answers[0], skip_special_tokens=True)[:60]!r}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="tuneloop-serving-bench-"))
     summaries = []
     try:
@@ -1042,10 +1119,14 @@ def main() -> None:
                     rounds[i].append(summarize(m.label, requests, results, duration, extra, burst))
                     print(f"round {r}/{args.rounds}  {m.label} {m.mode}: {rounds[i][-1]['output_throughput']:.1f} "
                           f"output tok/s", flush=True)
-        # 3. Each system's median round; (d) the best candidate's.
+            # 3. Each configuration's answers against the reference (after the rounds: its CPU
+            #    stays out of them), while the servers still run.
+            agreements = measure_agreement(measurables, reference, serving) if reference is not None else {}
+        # 4. Each system's median round; (d) the best candidate's.
         candidates = []
         for i, m in enumerate(measurables):
             s = median_of(rounds[i])
+            s["agreement"] = agreements.get(m.label)
             if m.label == "(d) in-process":
                 candidates.append(s)
             else:

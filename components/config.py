@@ -562,6 +562,13 @@ class MonitoringConfig(Section):
     retrain_init_from: Literal["base", "champion"] = "champion"
 
 
+def _lossy_named(value: Any) -> Any:
+    if value == "bfloat16":
+        raise ValueError("bfloat16 is spelt bfloat16-lossy: its answers differ from the reference's (float32's); "
+                         "set serving.dtype: bfloat16-lossy to serve it anyway, or auto (float32)")
+    return value
+
+
 class ServingConfig(Section):
     """The OpenAI-compatible model server (bentos/service.py, engines in components/serving)."""
 
@@ -656,9 +663,12 @@ class ServingConfig(Section):
     # slots engine on a CPU: its steps and the content filter's encoder batches take turns on
     # the cores instead of running side by side (components/cpu_turns.py says why).
     cpu_turns: bool = True
-    # CPU weights and KV cache: float32, bfloat16, or auto (bfloat16 where the CPU has
-    # AVX-512 BF16 / AMX and a measured forward is faster, else float32). GPUs: bf16/fp16.
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Weights, activations and KV cache: auto and float32 serve float32, the only dtype whose
+    # answers are the reference's (transformers' float32 forward: the agreement check,
+    # components/serving/agreement.py, `tuneloop agreement`). bfloat16-lossy serves bfloat16:
+    # about twice as fast on a CPU with AVX-512 BF16 / AMX, and its greedy answers differ (on
+    # SmolLM2-135M 13 of 24 equal to float32's, top-1 agreement 0.974); opt in knowingly.
+    dtype: Annotated[Literal["auto", "float32", "bfloat16-lossy"], BeforeValidator(_lossy_named)] = "auto"
     # Follow the registry's champion: poll it this often and swap a new champion's weights in
     # without a restart or a dropped request (slots engine, same architecture; hotswap.py).
     # 0: off. Only a server of a registered version (a packaged bento) follows.

@@ -36,8 +36,6 @@ def loaded(folder):
 def serving(**kw):
     from components.config import ServingConfig
 
-    # float32 as the reference (`loaded`): dtype auto may take bfloat16 on an AVX-512 BF16 CPU,
-    # and on this tiny model its measured margin flips with the host's load
     return ServingConfig.model_validate({"engine_process": True, "compile": False, "num_threads": 1,
                                          "dtype": "float32", **kw})
 

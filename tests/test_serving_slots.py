@@ -345,21 +345,24 @@ def test_slot_cache_is_zeroed_and_on_huge_pages_where_linux_grants_them():
 
 
 def test_serving_dtype_float32_bfloat16_and_auto(tmp_path):
-    """serving.dtype: bfloat16 weights and KV cache serve (the float32-only C kernel steps
-    aside for sdpa); auto measures both where the CPU has AVX-512 BF16 / AMX."""
+    """serving.dtype: auto serves float32 (the reference's answers); bfloat16-lossy serves
+    bfloat16 weights and KV cache (the float32-only C kernel steps aside for sdpa), and says
+    what it costs; plain "bfloat16" is refused with the name that says it."""
     import torch
 
-    from components.serving.engine import SamplingParams, choose_cpu_dtype, cpu_has_bf16, load_model
+    from components.config import ConfigError, load_config
+    from components.serving.engine import SamplingParams, choose_cpu_dtype, load_model
 
     folder = build_tiny_model(tmp_path / "tiny")
     fp32 = load_model(folder, num_threads=1)
     assert choose_cpu_dtype(fp32.model, "float32") == (torch.float32, "float32")
-    assert choose_cpu_dtype(fp32.model, "bfloat16")[0] == torch.bfloat16
-    dtype, why = choose_cpu_dtype(fp32.model, "auto")
-    assert ("measured" in why) == cpu_has_bf16() and dtype in (torch.float32, torch.bfloat16)
-    assert fp32.model.dtype == torch.float32  # measuring converted a copy, not the model
+    assert choose_cpu_dtype(fp32.model, "auto")[0] == torch.float32
+    dtype, why = choose_cpu_dtype(fp32.model, "bfloat16-lossy")
+    assert dtype == torch.bfloat16 and "NOT the reference's answers" in why and "13 of 24" in why
+    with pytest.raises(ConfigError, match="bfloat16-lossy"):
+        load_config(environ={"TUNELOOP__SERVING__DTYPE": "bfloat16"})
 
-    bf16 = load_model(folder, num_threads=1, dtype="bfloat16")
+    bf16 = load_model(folder, num_threads=1, dtype="bfloat16-lossy")
     assert bf16.model.dtype == torch.bfloat16
     ids = bf16.tokenizer(PROMPTS[1])["input_ids"]
     engines: list = []
