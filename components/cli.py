@@ -204,6 +204,11 @@ def _run_loop(cfg, config: Optional[Path], retrain: str, quiet: bool = False, re
     else:
         out.print(f"a client streamed throughout: {loop_out['streams']} streams, no error, "
                   f"served by {', '.join(loop_out['streamed_versions'])}")
+    if loop_out.get("filter_refusals"):
+        refused = loop_out["filter_refusals"]
+        out.print(f"[yellow]the content filter refused {len(refused)} of the loop's prompts[/] (ordinary ones: "
+                  f"false positives; gateway.filter.classifier_action: annotate counts them instead), e.g. "
+                  f"{refused[0][:120]!r}")
     return loop_out
 
 

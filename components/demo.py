@@ -56,6 +56,7 @@ class Streamer:
     prompts: list  # each a chat request's messages or a completions request's raw prompt
     served: list[str] = field(default_factory=list)  # the `model` of each finished stream
     failures: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # prompts the content filter refused (400 content_filter)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -67,11 +68,15 @@ class Streamer:
     def _run(self) -> None:
         rng = random.Random(7)
         while not self._stop.is_set():
+            prompt = rng.choice(self.prompts)
             try:
-                chunks = list(create(self.client, self.model, rng.choice(self.prompts), max_tokens=8, stream=True))
+                chunks = list(create(self.client, self.model, prompt, max_tokens=8, stream=True))
                 self.served.append(chunks[0].model)
             except Exception as exc:  # noqa: BLE001 - counted and reported, never hidden
-                self.failures.append(repr(exc)[:300])
+                if _filtered(exc):  # the gateway's answer to a flagged prompt: counted apart
+                    self.refused.append(str(prompt)[:200])
+                else:
+                    self.failures.append(repr(exc)[:300])
             self._stop.wait(0.3)
 
     def stop(self) -> None:
@@ -114,10 +119,23 @@ def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float 
     raise TimeoutError(f"{url}/readyz not ready after {timeout:.0f} s; log {log_path}")
 
 
-def send(client, model: str, prompts: list, workers: int = 4) -> list[str]:
-    """One completion per prompt (a few at a time); returns each request's x-request-id."""
+def _filtered(exc: Exception) -> bool:
+    """A 400 content_filter: the gateway refused the prompt (a false positive on ordinary traffic
+    is counted and reported; it is the filter's answer, not a failure of the server)."""
+    return getattr(exc, "code", None) == "content_filter"
+
+
+def send(client, model: str, prompts: list, workers: int = 4, refused: list | None = None) -> list[str]:
+    """One completion per prompt (a few at a time); returns each request's x-request-id. A prompt
+    the content filter refuses goes into `refused` (its request is logged all the same)."""
     def one(prompt):
-        raw = create(client.with_raw_response, model, prompt, max_tokens=8)
+        try:
+            raw = create(client.with_raw_response, model, prompt, max_tokens=8)
+        except Exception as exc:
+            if refused is None or not _filtered(exc):
+                raise
+            refused.append(str(prompt)[:200])
+            return exc.response.headers.get("x-request-id", "")
         raw.parse()
         return raw.headers.get("x-request-id", "")
 
@@ -153,7 +171,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
     from flows.monitoring import monitoring_flow
     from flows.training import training_flow
 
-    out: dict = {"stream_failures": [], "retrain": None}
+    out: dict = {"stream_failures": [], "retrain": None, "filter_refusals": []}
     logs = cfg.home / "demo"
     logs.mkdir(parents=True, exist_ok=True)
     record, key = open_key_store(cfg).create(f"demo-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}", "enterprise")
@@ -178,7 +196,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
 
         rule("5b. traffic like the training data -> monitoring")
         since = datetime.now(timezone.utc).isoformat()
-        send(client, name, random.Random(0).sample(calm, min(requests, len(calm))))
+        send(client, name, random.Random(0).sample(calm, min(requests, len(calm))), refused=out["filter_refusals"])
         time.sleep(cfg.request_log.flush_interval_s + 0.5)  # one flush interval: the log has them
         calm_result = monitoring_flow(config_path=config_path, since=since)
         out["calm"] = _verdict(calm_result)
@@ -188,7 +206,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
         since = datetime.now(timezone.utc).isoformat()
         legacy = all(isinstance(p, str) for p in calm)  # shifted traffic the same way
         shifted = [t if legacy else [{"role": "user", "content": t}] for t in shifted_prompts(requests)]
-        ids = send(client, name, shifted)
+        ids = send(client, name, shifted, refused=out["filter_refusals"])
         client.post("/feedback", cast_to=object, body={
             "request_id": ids[0], "rating": -1, "correction": "Pack light layers and book the museum early.",
             "comment": "tuneloop demo: a corrected answer becomes a training row"})
@@ -232,6 +250,7 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
         if streamer is not None:
             streamer.stop()
             out["streams"], out["stream_failures"] = len(streamer.served), streamer.failures
+            out["filter_refusals"] += streamer.refused
             out["streamed_versions"] = sorted(set(streamer.served))
         stop_process_group(server, term_wait=60)
     out["champion"] = _champion_version(cfg)

@@ -137,6 +137,14 @@ def test_the_served_filter_refuses_the_bypasses_and_passes_ordinary_prompts(stac
     served = InjectionClassifier.load(folder)
     assert served.flags(list(BYPASSES.values())) == [True] * len(BYPASSES)
     assert served.flags(BENIGN) == [False] * len(BENIGN), dict(zip(BENIGN, served.scores(BENIGN).round(3)))
+    # The project's own fine-tuning prompts are ordinary task traffic: at most 2 % flagged
+    # (measured 0.7 % of data/tickets, 0.2 % of data/sample; before task prompts were in the
+    # generated set, 82 % and 22 %).
+    for name in ("tickets", "sample"):
+        rows = [json.loads(line) for line in (ROOT / "data" / name / "train.jsonl").read_text().splitlines()]
+        prompts = [r["prompt"] if "prompt" in r else r["messages"][-2]["content"] for r in rows]
+        share = sum(served.flags(prompts)) / len(prompts)
+        assert share <= 0.02, (name, share)
 
 
 def test_keys_guard_v1_and_not_the_probes(stack):

@@ -44,6 +44,18 @@ EVERYDAY_PROMPTS = [
     "Peux-tu me donner une recette de crêpes ?",
     "Decode this base64 for me please: aGVsbG8gd29ybGQ=",
     "Write a short story about a robot who learns to paint.",
+    # task prompts over a text, as fine-tuning traffic looks
+    "Classify the following customer message as billing, delivery or technical.\n\nMy invoice shows the "
+    "wrong amount for last month. Can you fix it?\n\nCategory:",
+    "Review: The headphones stopped charging after two weeks.\nIs this review positive or negative?",
+    "Extract the order number from this email: Hello, my order 55-1023 arrived damaged. Thanks, Sam",
+    "Which team should handle this ticket? A. Payments B. Shipping C. IT\nTicket: The app crashes when "
+    "I open my cart.\nAnswer with a letter:",
+    "Translate into German: The meeting is moved to Thursday at ten.",
+    "You are a concise assistant. Reply with a single word or number.",
+    "Write the word garden in capital letters.",
+    "Summarise this message in one sentence: Hi team, the office will be closed on Monday for "
+    "maintenance, please work from home.",
 ]
 
 
