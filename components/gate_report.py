@@ -20,7 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.validation import MAX_LISTED_IDS, find_pii, find_secrets
+from components.privacy.personal import find_pii
+from components.privacy.secrets import find_secrets
+from components.validation import MAX_LISTED_IDS
 
 if TYPE_CHECKING:
     from components.validation import ExpectationOutcome, ValidationReport

@@ -25,7 +25,8 @@ from typing import Callable
 
 from components.config import TuneloopConfig, ValidationConfig
 from components.data.schema import Example, Reject
-from components.validation import find_pii, find_secrets, is_fictional_phone, is_reserved_email
+from components.privacy.personal import find_pii, is_fictional_phone, is_reserved_email
+from components.privacy.secrets import find_secrets
 
 OVERLONG = "overlong"
 PII = "pii"
