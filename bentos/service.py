@@ -47,6 +47,7 @@ import asyncio
 import logging
 import os
 import secrets
+import signal
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ from components.serving.openai_api import (
     PublicOpenAPISpec,
     create_app,
 )
+from components.serving.untrusted import BENTOML_PATHS, RouteNames, install_log_escaping, protect_bentoml_middlewares
 
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
 log = logging.getLogger("bentoml.tuneloop")
@@ -72,7 +74,10 @@ BATCH_ROUTE = "/internal/generate_batch"
 # The adaptive engine's self-call carries this; a request to /internal/ without it is 404.
 INTERNAL_TOKEN = secrets.token_hex(32)
 
-app = create_app()
+app = create_app(max_request_bytes=SERVING.max_request_bytes)
+# What clients send cannot forge log lines or grow /metrics without bound (components/serving/untrusted.py).
+install_log_escaping()
+protect_bentoml_middlewares(RouteNames(app.routes, BENTOML_PATHS))
 
 
 @bentoml.service(
@@ -184,6 +189,7 @@ class TuneloopLLM:
 
     @bentoml.on_startup
     async def _start_warm_up(self) -> None:
+        self._drain_on_signal()  # the web server has its signal handlers by now: this one goes first
         # The self-call client (`self.to_async` through HTTP) is only set up after startup
         # hooks return, so the warm-up runs as a task that waits for it; /readyz stays
         # 503 (__is_ready__) until it is done.
@@ -248,7 +254,50 @@ class TuneloopLLM:
 
     def __is_ready__(self) -> bool:
         engine_alive = self.engine is None or self.engine.is_running  # continuous/slots: its thread may die
-        return self.server is not None and self.server.ready and engine_alive
+        return self.server is not None and self.server.ready and engine_alive and not self.server.draining
+
+    def __is_alive__(self) -> bool:
+        """/livez: false only when this server cannot recover by itself, so that an orchestrator
+        restarts it: its engine process crashed faster than restarts mend it (gave_up), or an
+        engine without a supervisor (on a thread of this process, vLLM's) died after it served."""
+        if getattr(self.engine, "gave_up", False):
+            return False
+        supervised = hasattr(self.engine, "gave_up")
+        served = self.server is not None and self.server.ready
+        return supervised or not served or self.engine is None or self.engine.is_running
+
+    def _drain_on_signal(self) -> None:
+        """Graceful shutdown: on SIGTERM / SIGINT, before the web server's own handling (it stops
+        accepting and waits for open requests), this server stops admitting: /readyz turns red
+        and new requests get 503 with Retry-After, while in-flight streams go on to their end,
+        for serving.shutdown_grace_s at most; then what is left is ended with a clean error and
+        the engine stops (the shutdown hook then writes every logged request out)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+
+            def handler(signum, frame, previous=previous):
+                if self.server is not None and not self.server.draining:
+                    self.server.draining = True
+                    log.warning("signal %d: draining: no new requests; %d generations in flight get up to %.0f s",
+                                signum, self.server.admission.in_flight, SERVING.shutdown_grace_s)
+                    loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+                if callable(previous):
+                    previous(signum, frame)
+
+            signal.signal(sig, handler)
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + SERVING.shutdown_grace_s
+        while self.server.admission.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if self.server.admission.in_flight > 0:
+            log.warning("drain: %d generations still running after %.0f s: ending them",
+                        self.server.admission.in_flight, SERVING.shutdown_grace_s)
+            if self.engine is not None:
+                await asyncio.to_thread(self.engine.stop)
+        else:
+            log.info("drain: every in-flight generation ended")
 
     @bentoml.on_shutdown
     async def _stop(self) -> None:

@@ -9,8 +9,11 @@ Environment variables override the file, after it is read:
   TUNELOOP_HOME, TUNELOOP_MLFLOW_URI, TUNELOOP_PREFECT_API_URL, TUNELOOP_REDIS_URL,
   TUNELOOP_BASE_MODEL, TUNELOOP_SERVE_MODEL_DIR, TUNELOOP_SERVE_MODEL_NAME,
   TUNELOOP_SERVE_MODEL_VERSION, TUNELOOP_SERVE_ENGINE, and generically
-  TUNELOOP__<SECTION>__<KEY>=value
-  (for example TUNELOOP__DATA__SEED=7; values are parsed as YAML scalars).
+  TUNELOOP__<SECTION>__<KEY>=value, nested keys with more parts
+  (for example TUNELOOP__DATA__SEED=7, TUNELOOP__GATEWAY__CACHE__ENABLED=false; values are
+  parsed as YAML). An override that names no key, or a value the key does not take, is an
+  error naming the variable, at start-up. The served bento applies them too (environment
+  over its packaged config: components/packaging.py).
 """
 
 from __future__ import annotations
@@ -304,17 +307,24 @@ def Switch(*words: str):  # noqa: N802 - a type factory
 
 
 class TierLimits(Section):
-    """Per-minute budgets of one tier (or one key's override): both are enforced together."""
+    """Per-minute budgets of one tier (or one key's override): both are enforced together;
+    and what one key of the tier may hold at once on a server (its fair share: generations
+    and their tokens, prompt + max_tokens each, in flight; None: only max_share_per_key)."""
 
     requests_per_minute: int = Field(ge=1)
     tokens_per_minute: int = Field(ge=1)
+    max_generations_in_flight: int | None = Field(None, ge=1)
+    max_tokens_in_flight: int | None = Field(None, ge=1)
 
 
 def _default_tiers() -> dict[str, TierLimits]:
     return {
-        "free": TierLimits(requests_per_minute=3, tokens_per_minute=40_000),
-        "paid": TierLimits(requests_per_minute=3_500, tokens_per_minute=2_000_000),
-        "enterprise": TierLimits(requests_per_minute=30_000, tokens_per_minute=30_000_000),
+        "free": TierLimits(requests_per_minute=3, tokens_per_minute=40_000, max_generations_in_flight=4,
+                           max_tokens_in_flight=16_384),
+        "paid": TierLimits(requests_per_minute=3_500, tokens_per_minute=2_000_000, max_generations_in_flight=64,
+                           max_tokens_in_flight=131_072),
+        "enterprise": TierLimits(requests_per_minute=30_000, tokens_per_minute=30_000_000,
+                                 max_generations_in_flight=256, max_tokens_in_flight=1_048_576),
     }
 
 
@@ -340,8 +350,11 @@ class PiiConfig(Section):
     entities: list[str] | None = Field(default_factory=lambda: [
         "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS", "US_SSN", "URL", "SECRET_KEY",
         "CRYPTO", "US_ITIN", "US_PASSPORT", "US_BANK_NUMBER", "UK_NHS", "MEDICAL_LICENSE"])
-    # Analysis that errors or takes longer than this refuses the request (fails closed).
+    # Analysis that errors or takes longer than this (a window of CHUNK_CHARS) refuses the
+    # request (fails closed); all of a request's analyses together get request_budget_s, then
+    # that request alone is refused (components/gateway/pii.py, guard_process.py).
     timeout_s: float = Field(2.0, gt=0)
+    request_budget_s: float = Field(10.0, gt=0)
     # Streams: characters held back so an entity split across chunks is redacted whole;
     # at least the longest entity that must not leak in parts (words longer than this are
     # held until they end, whatever their length).
@@ -487,6 +500,9 @@ class GatewayConfig(Section):
     breaker_failures: int = Field(3, ge=1)  # consecutive failures that open the breaker
     breaker_reset_s: float = Field(5.0, gt=0)  # then one probe call after this long
     tiers: dict[str, TierLimits] = Field(default_factory=_default_tiers)
+    # No key holds more than this share of a server's generations (serving.max_concurrency),
+    # whatever its tier: the rest stays for everyone else (components/serving/admission.py).
+    max_share_per_key: float = Field(0.5, gt=0.0, le=1.0)
     # Where Presidio's analyses and the classifier run: process (one child process of each
     # server worker: they hold the GIL for a millisecond or more a call, which in the server's
     # process is taken from generation; components/gateway/guard_process.py) or thread (in
@@ -518,6 +534,12 @@ class RequestLogConfig(Section):
     # Where the writer's redaction runs: process (a child process: Presidio holds the GIL,
     # which in the server's process stalls generation) or thread (the writer thread).
     redact_in: Literal["process", "thread"] = "process"
+    # A logged text keeps its first max_text_chars characters (a marker says how many more
+    # there were): redaction time stays bounded, and the writer on time. A redaction call
+    # (up to 64k characters of a batch) that fails or takes longer than redaction_timeout_s
+    # writes its records with their texts withheld, counted, never late and never unredacted.
+    max_text_chars: int = Field(20_000, ge=100)
+    redaction_timeout_s: float = Field(10.0, gt=0)
 
 
 class DriftConfig(Section):
@@ -646,10 +668,18 @@ class ServingConfig(Section):
     # request, ~35 us per streamed chunk). On: BentoML's tracing settings (exporter,
     # sample_rate in its configuration file) apply to every route.
     trace_requests: bool = False
+    # A request body over this many bytes is refused (413) before it is parsed; a prompt longer
+    # than the context window can hold is refused (400) before PII analysis, the content filter
+    # or the tokenizer read it (components/serving/untrusted.py, openai_api._bound_prompt).
+    max_request_bytes: int = Field(4 * 2**20, ge=1024)
     # Admission: requests queued + running per worker; beyond it 429 with Retry-After.
     max_concurrency: int = Field(512, ge=1)
     retry_after_s: int = Field(1, ge=0)
     request_timeout_s: float = Field(120.0, gt=0)  # per request, then 504
+    # Graceful shutdown (SIGTERM): no new requests (503, /readyz red); in-flight generations
+    # get this long to finish, then are ended. Below the Kubernetes manifests'
+    # terminationGracePeriodSeconds (180) less their preStop sleep (15).
+    shutdown_grace_s: float = Field(120.0, ge=0)
     # A request without max_tokens generates until a stop token or the end of the context
     # window (as vLLM and OpenAI), or at most default_max_tokens when set. max_tokens_limit
     # (when set) refuses larger max_tokens with a 400; unset, the context window is the limit.
@@ -784,18 +814,44 @@ ENV_ALIASES = {
 }
 
 
-def _env_overrides(environ: dict[str, str]) -> list[tuple[str, str, Any, str]]:
+def _env_overrides(environ: dict[str, str]) -> list[tuple[list[str], Any, str]]:
+    """(key path, value, variable) of every override: the short names, then TUNELOOP__A__B[__C...]
+    (any depth: TUNELOOP__GATEWAY__CACHE__ENABLED=false), values read as YAML scalars."""
     found = []
     for name, (section, key) in ENV_ALIASES.items():
         if environ.get(name):
-            found.append((section, key, environ[name], name))
-    for name, value in environ.items():
+            found.append(([section, key], environ[name], name))
+    for name in sorted(environ):
         if name.startswith("TUNELOOP__"):
             parts = name[len("TUNELOOP__"):].lower().split("__")
-            if len(parts) != 2:
-                raise ConfigError(f"{name}: expected TUNELOOP__<SECTION>__<KEY>")
-            found.append((parts[0], parts[1], yaml.safe_load(value), name))
+            if len(parts) < 2 or not all(parts):
+                raise ConfigError(f"{name}: expected TUNELOOP__<SECTION>__<KEY> (nested keys: more __<KEY> parts)")
+            try:
+                value = yaml.safe_load(environ[name])
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{name}: not a YAML value: {exc}") from None
+            found.append((parts, value, name))
     return found
+
+
+def _apply_override(raw: dict, path: list[str], value: Any, name: str, where: str) -> None:
+    """Set raw[path] = value. A mapping setting with defaults of its own (gateway.tiers) that the
+    file does not set starts from those defaults, so TUNELOOP__GATEWAY__TIERS__FREE__... changes
+    one number of one tier, not the whole mapping."""
+    from pydantic import TypeAdapter
+
+    node, default = raw, TuneloopConfig()
+    for depth, key in enumerate(path[:-1]):
+        default = getattr(default, key, None) if isinstance(default, BaseModel) else \
+            default.get(key) if isinstance(default, dict) else None
+        if key not in node and isinstance(default, dict) and default:
+            node[key] = TypeAdapter(Any).dump_python(default, mode="json")
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{where}: {'.'.join(path[:depth + 1])} is not a mapping, so {name} cannot set "
+                              f"{'.'.join(path)}")
+        node = child
+    node[path[-1]] = value
 
 
 def _format_errors(err: ValidationError, where: str) -> str:
@@ -836,15 +892,16 @@ def load_config(path: Path | str | None = None, environ: dict[str, str] | None =
         base_dir = path.resolve().parent
         if base_dir.name == "configs":
             base_dir = base_dir.parent
-    for section, key, value, name in _env_overrides(environ):
-        sec = raw.setdefault(section, {})
-        if not isinstance(sec, dict):
-            raise ConfigError(f"{where}: section {section!r} must be a mapping (override {name})")
-        sec[key] = value
+    overrides = _env_overrides(environ)
+    for path_, value, name in overrides:
+        _apply_override(raw, path_, value, name, where)
     try:
         cfg = TuneloopConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, where)) from None
+        message = _format_errors(err, where)
+        named = [name for path_, _, name in overrides
+                 if any(f"  {'.'.join(path_[:n])}:" in message for n in range(2, len(path_) + 1))]
+        raise ConfigError(message + (f"\n  (set by {', '.join(named)})" if named else "")) from None
     # Said now, not after a training run whose blessing could only fail on a missing metric.
     behavioural = [t.metric for t in cfg.blessing.thresholds if t.metric.startswith("behaviour_")]
     if behavioural and cfg.evaluation.behaviour_suite is None:

@@ -343,9 +343,11 @@ def deployment_env(cfg: TuneloopConfig) -> dict[str, str]:
 
 def _subprocess_env(cfg: TuneloopConfig) -> dict[str, str]:
     """The environment for bentoml subprocesses: this config's store, offline, this
-    deployment's state (deployment_env), and none of the caller's other TUNELOOP_* overrides
-    (the bento must stand on its packaged config)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
+    deployment's state (deployment_env), and the caller's TUNELOOP_* / TUNELOOP__* overrides:
+    the environment wins over the bento's packaged config, as it does over a config file
+    (components/config.py), and the served worker validates them at start-up. Only
+    TUNELOOP_CONFIG is not passed: a bento stands on the config packaged with it."""
+    env = {k: v for k, v in os.environ.items() if k != "TUNELOOP_CONFIG"}
     env.update(deployment_env(cfg))
     env.update(
         BENTOML_HOME=str(cfg.bentoml_home),

@@ -153,3 +153,23 @@ def test_a_shipped_config_reads_nothing_outside_the_clone_and_its_home(config):
 def test_no_make_target_reads_beside_the_clone():
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert "../shared" not in makefile and "shared/data" not in makefile
+
+
+def test_nested_environment_overrides_and_errors_that_name_the_variable(tmp_path):
+    cfg = load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY__CACHE__ENABLED": "false",
+                                                    "TUNELOOP__GATEWAY__ON_REDIS_ERROR": "closed",
+                                                    "TUNELOOP__GATEWAY__TIERS__FREE__REQUESTS_PER_MINUTE": "7"})
+    assert cfg.gateway.cache.enabled is False and cfg.gateway.on_redis_error == "closed"
+    assert cfg.gateway.tiers["free"].requests_per_minute == 7 and cfg.gateway.tiers["free"].tokens_per_minute == 40_000
+    with pytest.raises(ConfigError) as err:  # a key that does not exist: an error, never dropped
+        load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY__CACHE__ENABLD": "false"})
+    assert "gateway.cache.enabld: unknown key" in str(err.value) and "TUNELOOP__GATEWAY__CACHE__ENABLD" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a value the key does not take
+        load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY__ON_REDIS_ERROR": "sometimes"})
+    assert "gateway.on_redis_error" in str(err.value) and "TUNELOOP__GATEWAY__ON_REDIS_ERROR" in str(err.value)
+    with pytest.raises(ConfigError, match="TUNELOOP__GATEWAY"):
+        load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY": "x"})
+    with pytest.raises(ConfigError, match="(?s)data.seed: .*TUNELOOP__DATA__SEED__X"):  # a number has no keys
+        load_config(write(tmp_path, ""), environ={"TUNELOOP__DATA__SEED__X": "1"})
+    with pytest.raises(ConfigError, match="is not a mapping"):
+        load_config(write(tmp_path, "data: {seed: 3}\n"), environ={"TUNELOOP__DATA__SEED__X": "1"})

@@ -104,7 +104,11 @@ def test_a_cancelled_generation_frees_its_slot_in_the_child(folder, loaded):
     assert waiting_ids == reference(loaded, ids, 5)
 
 
-def test_a_child_that_dies_fails_its_requests_at_once_and_the_server_turns_not_ready(folder, loaded):
+def test_a_child_that_dies_fails_its_requests_at_once_and_is_restarted(folder, loaded):
+    """Killed mid-generation: its requests fail at once (503), the server is not ready and
+    says when to retry, and a new child serves again with the same weights (greedy equal)."""
+    import time
+
     from components.serving.errors import Unavailable
 
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
@@ -115,15 +119,49 @@ def test_a_child_that_dies_fails_its_requests_at_once_and_the_server_turns_not_r
             engine.submit(s)
         async for _ in running[0].events():
             break  # generating
-        os.kill(engine.pid, signal.SIGKILL)
+        first = engine.pid
+        os.kill(first, signal.SIGKILL)
         outcomes = await endings(running, how=lambda exc: exc.status)
-        with pytest.raises(Unavailable, match="not running"):
+        with pytest.raises(Unavailable, match="restarting") as refused:
             engine.submit(stream("late", ids, 5))
-        return outcomes, engine.is_running, engine.failed
+        state = (engine.is_running, engine.failed, refused.value.headers.get("Retry-After"))
+        t = time.perf_counter()
+        while not engine.is_running and time.perf_counter() - t < 120:
+            await asyncio.sleep(0.1)
+        again = stream("again", ids, 12)
+        engine.submit(again)
+        return outcomes, state, (await collect(again))[0], engine.pid != first, engine.restarts, engine.gave_up
 
-    (outcomes, running, failed), _, _ = run(folder, test)
+    (outcomes, (running, failed, retry_after), again, new_child, restarts, gave_up), _, _ = run(folder, test)
     assert outcomes == [503, 503, 503]
-    assert not running and "exited" in failed
+    assert not running and "exited" in failed and int(retry_after) >= 1
+    assert new_child and restarts == 1 and not gave_up
+    assert again == reference(loaded, ids, 12)
+
+
+def test_crashes_faster_than_restarts_mend_them_give_up(folder, loaded, monkeypatch):
+    """More than MAX_RESTARTS crashes within the window: gave_up (the server's /livez then fails)."""
+    import time
+
+    from components.serving import engine_process
+
+    monkeypatch.setattr(engine_process, "MAX_RESTARTS", 1)
+    monkeypatch.setattr(engine_process, "RESTART_MAX_DELAY_S", 0.2)
+
+    async def test(engine):
+        for _ in range(2):
+            t = time.perf_counter()
+            while not engine.is_running and time.perf_counter() - t < 120:
+                await asyncio.sleep(0.1)
+            os.kill(engine.pid, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+        t = time.perf_counter()
+        while not engine.gave_up and time.perf_counter() - t < 30:
+            await asyncio.sleep(0.1)
+        return engine.gave_up, engine.restarts
+
+    (gave_up, restarts), _, _ = run(folder, test)
+    assert gave_up and restarts == 1
 
 
 def test_stopping_ends_running_and_queued_streams(folder, loaded):

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from components.config import PiiConfig
-from components.gateway.guard_process import GuardFailed, GuardProcess
+from components.gateway.guard_process import MAX_IN_FLIGHT, GuardFailed, GuardProcess
 from tests.test_gateway import PLANTED, PLANTED_TEXT, ScriptedModel, _assert_clean, gateway_config, loaded  # noqa: F401
 from tests.test_serving_engine import raw, sdk
 
@@ -79,12 +79,14 @@ def test_a_killed_or_hung_child_fails_its_calls_and_is_replaced(tmp_path, classi
     try:
         first = guard.pid
         os.kill(first, signal.SIGSTOP)  # calls queue up behind a child that does nothing ...
-        pending = [guard.submit("scores", ["hello"]) for _ in range(3)]
+        pending = [guard.submit("scores", ["hello"]) for _ in range(MAX_IN_FLIGHT + 2)]
         time.sleep(0.2)
-        os.kill(first, signal.SIGKILL)  # ... and then dies: every one of them fails at once
-        for fut in pending:
+        os.kill(first, signal.SIGKILL)  # ... and then dies: the calls it had fail at once,
+        for fut in pending[:MAX_IN_FLIGHT]:
             with pytest.raises(GuardFailed, match="exited"):
                 fut.result(10)
+        for fut in pending[MAX_IN_FLIGHT:]:  # the ones still waiting for their turn go to its successor
+            assert len(fut.result(60)["scores"]) == 1
         assert len(guard.call("scores", ["hello again"], 60)["scores"]) == 1  # a new child
         second = guard.pid
         assert second not in (None, first) and guard.starts == 2
@@ -111,7 +113,7 @@ def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tm
     # The registry's answer (this test's classifier); what is tested is everything after it.
     monkeypatch.setattr(pipeline, "registered_classifier_folder", lambda cfg, ref: (classifier_dir, "filter:1"))
     cfg = gateway_config(tmp_path, auth="off", checks_in="process",
-                         filter={"classifier": "filter@champion", "timeout_s": 5.0},
+                         filter={"classifier": "filter@champion", "timeout_s": 5.0, "classifier_action": "annotate"},
                          pii={"mode": "redact", "outputs": "redact", "timeout_s": 1.0})
     model = RecordingBackend(ScriptedModel(loaded.tokenizer, "Sure! " + PLANTED_TEXT + " Anything else?"))
 

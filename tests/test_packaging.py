@@ -67,7 +67,7 @@ def test_no_champion_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_deploy_champion_then_a_broken_champion_is_refused(setup):
+def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     import bentoml
 
     cfg, registry = setup["cfg"], setup["registry"]
@@ -106,6 +106,29 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup):
     assert packaging.deployed_bento(cfg) == bento_v1
     assert packaging.deployed(cfg)["model_tag"] == result.model_tag
     assert packaging.serve_plan(cfg, port=port).what == f"deployed bento {bento_v1}"
+
+    # ---- the environment wins over the packaged config, in the served worker too: with Redis
+    # hung and TUNELOOP__GATEWAY__ON_REDIS_ERROR=closed, the deployed bento refuses (503)
+    # instead of serving without limits (the override was dropped before: 711 of 711 passed)
+    import httpx
+
+    from tests.servers import hung_listener, service
+
+    with hung_listener() as hung:
+        monkeypatch.setenv("TUNELOOP__GATEWAY__ON_REDIS_ERROR", "closed")
+        monkeypatch.setenv("TUNELOOP_REDIS_URL", hung)
+        monkeypatch.setenv("TUNELOOP__GATEWAY__CACHE__ENABLED", "false")  # a nested key
+        plan = packaging.serve_plan(load_config(setup["config"]), port=port)
+        assert plan.what == f"deployed bento {bento_v1}" and plan.env["TUNELOOP__GATEWAY__ON_REDIS_ERROR"] == "closed"
+        with service(plan.argv, f"http://127.0.0.1:{port}/readyz", setup["root"] / "serve-env.log", env=plan.env,
+                     timeout=180, cwd=plan.cwd):
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                           headers={"Authorization": f"Bearer {key}"},
+                           json={"model": "tuneloop-chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and "Redis" in r.json()["error"]["message"], r.text
+        monkeypatch.delenv("TUNELOOP__GATEWAY__ON_REDIS_ERROR")
+        monkeypatch.delenv("TUNELOOP_REDIS_URL")
+        monkeypatch.delenv("TUNELOOP__GATEWAY__CACHE__ENABLED")
 
     # The model in the BentoML store points back to MLflow.
     store = packaging._model_store(cfg)

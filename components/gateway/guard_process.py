@@ -18,6 +18,12 @@ exits every pending call fails at once (GuardFailed), and a call that times out 
 child has answered nothing for as long kills it: the caller refuses the request (fails
 closed) and the next call gets a new child.
 
+Fair between tenants: calls wait in a queue per tenant (submit's `tenant`: the API key),
+and the writer hands the child MAX_IN_FLIGHT calls at a time, taking the tenants' queues in
+turn. A tenant with a long prompt (PII analysis in chunks: components/gateway/pii.py) waits
+behind its own chunks, not the others behind them: before, one 200 KB prompt analysed whole
+made the child time out, be restarted, and 11 of 16 other tenants' streams fail.
+
 Ops (the spec says what the child loads): ``find`` (a text -> its PII entities),
 ``redact`` (texts -> redacted texts: the request log's writer), ``scores`` (texts -> the
 classifier's scores and how many the screen cleared).
@@ -26,11 +32,11 @@ classifier's scores and how many the screen cleared).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import logging
 import os
-import queue
 import select
 import subprocess
 import sys
@@ -42,6 +48,7 @@ from typing import Any, Callable
 log = logging.getLogger("bentoml.tuneloop.gateway")
 
 START_TIMEOUT_S = 120.0  # building Presidio's analyzer takes seconds, more on a busy host
+MAX_IN_FLIGHT = 2  # calls written to the child at a time: one running, the next ready in the pipe
 
 
 class GuardFailed(Exception):
@@ -57,7 +64,11 @@ class GuardProcess:
         self.on_cpu: dict[str, Callable[[float], None]] = {}  # op -> the child's CPU seconds per call
         self.ready = threading.Event()
         self.starts = 0
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # calls waiting to be written, per tenant, and the tenants with calls in their turn order
+        self._queues: dict[Any, collections.deque] = {}
+        self._turns: collections.deque = collections.deque()
+        self._wanted = threading.Condition()  # a call queued, an answer in, a (re)start asked for
+        self._spawn_asked = False
         self._pending: dict[int, tuple[str, Future, subprocess.Popen]] = {}  # id -> (op, future, child)
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -76,7 +87,7 @@ class GuardProcess:
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, daemon=True, name=f"tuneloop-{self.name}-writer")
             self._writer.start()
-            self._queue.put(None)  # spawn now, not at the first call
+            self._wake(spawn=True)  # spawn now, not at the first call
         if wait:
             self.wait_ready(self.start_timeout_s)
         return self
@@ -94,7 +105,7 @@ class GuardProcess:
 
     def close(self) -> None:
         self._closed = True
-        self._queue.put(None)
+        self._wake()
         proc = self._proc
         if proc is not None:
             try:
@@ -121,16 +132,48 @@ class GuardProcess:
         return proc.pid if proc is not None else None
 
     # ---- calls --------------------------------------------------------------------------
-    def submit(self, op: str, payload) -> Future:
+    def submit(self, op: str, payload, tenant=None) -> Future:
+        """Queue a call in `tenant`'s queue (any hashable; None: one shared queue)."""
         fut: Future = Future()
         if self._closed:
             fut.set_exception(GuardFailed(f"the {self.name} process is closed"))
             return fut
-        self._queue.put((op, payload, fut))
+        with self._wanted:
+            waiting = self._queues.get(tenant)
+            if waiting is None:
+                waiting = self._queues[tenant] = collections.deque()
+            if not waiting:
+                self._turns.append(tenant)
+            waiting.append((op, payload, fut))
+            self._wanted.notify()
         return fut
 
-    def call(self, op: str, payload, timeout_s: float):
-        fut = self.submit(op, payload)
+    def _wake(self, spawn: bool = False) -> None:
+        with self._wanted:
+            self._spawn_asked = self._spawn_asked or spawn
+            self._wanted.notify()
+
+    def _next_call(self):
+        """Block until a call may be written (fewer than MAX_IN_FLIGHT pending) or a start
+        is asked for; (op, payload, future) in the tenants' turn, or None."""
+        with self._wanted:
+            while True:
+                if self._closed or self._spawn_asked:
+                    self._spawn_asked = False
+                    return None
+                if self._turns and len(self._pending) < MAX_IN_FLIGHT:
+                    tenant = self._turns.popleft()
+                    waiting = self._queues[tenant]
+                    item = waiting.popleft()
+                    if waiting:
+                        self._turns.append(tenant)  # its next call after the other tenants' next
+                    else:
+                        del self._queues[tenant]
+                    return item
+                self._wanted.wait(1.0)
+
+    def call(self, op: str, payload, timeout_s: float, tenant=None):
+        fut = self.submit(op, payload, tenant)
         try:
             return fut.result(timeout_s)
         except TimeoutError:
@@ -138,12 +181,12 @@ class GuardProcess:
             self._timed_out(timeout_s)
             raise GuardFailed(f"the {self.name} process did not answer within {timeout_s:g} s") from None
 
-    async def acall(self, op: str, payload, timeout_s: float):
+    async def acall(self, op: str, payload, timeout_s: float, tenant=None):
         # One loop future, resolved from the reader thread, and one timer: lighter than
         # wait_for(wrap_future(...)) (a waiter future and two hops more a call).
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
-        fut = self.submit(op, payload)
+        fut = self.submit(op, payload, tenant)
         fut.add_done_callback(lambda f: loop.is_closed() or loop.call_soon_threadsafe(_hand_over, f, waiter))
         timer = loop.call_later(timeout_s, _expire, waiter)
         try:
@@ -170,7 +213,7 @@ class GuardProcess:
     # ---- the threads --------------------------------------------------------------------
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._next_call()
             if self._closed:
                 if item is not None:
                     _settle(item[2], error=GuardFailed(f"the {self.name} process is closed"))
@@ -200,13 +243,12 @@ class GuardProcess:
                 self._kill(f"writing to it failed ({exc})", proc)
 
     def _fail_queued(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None:
-                _settle(item[2], error=GuardFailed(f"the {self.name} process is closed"))
+        with self._wanted:
+            items = [item for waiting in self._queues.values() for item in waiting]
+            self._queues.clear()
+            self._turns.clear()
+        for item in items:
+            _settle(item[2], error=GuardFailed(f"the {self.name} process is closed"))
 
     def _spawn(self) -> subprocess.Popen | None:
         """A new child, ready (None, with _start_error set, if it could not start)."""
@@ -252,6 +294,7 @@ class GuardProcess:
             with self._lock:
                 op, fut, _ = self._pending.pop(reply.get("id"), (None, None, None))
                 self._last_answer = time.monotonic()
+            self._wake()  # room for the next call
             if fut is None:
                 continue
             on_cpu = self.on_cpu.get(op)
@@ -288,6 +331,7 @@ class GuardProcess:
         with self._lock:
             owed = [rid for rid, (_, _, p) in self._pending.items() if p is proc]
             futures = [self._pending.pop(rid)[1] for rid in owed]
+        self._wake(spawn=True)  # the next child now, not when the next call comes
         for fut in futures:
             _settle(fut, error=GuardFailed(why))
 

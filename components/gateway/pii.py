@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from components.privacy.secrets import SECRETS, Secret, prescreen_pattern, secrets_for
+
 if TYPE_CHECKING:
     from components.config import PiiConfig
 
@@ -29,27 +31,8 @@ log = logging.getLogger(__name__)
 LANGUAGE = "en"
 SECRET = "SECRET_KEY"
 
-# (name, prefix, rest): each pattern is `prefix + rest` behind an optional boundary, so the
-# pre-screen can look for the prefixes alone. Case-sensitive, except where a pattern says.
-_TOKEN_START = r"(?<![A-Za-z0-9_\-])"
-_SECRETS = [
-    ("openai_key", "sk-", r"[A-Za-z0-9_\-]{20,}"),  # sk-..., sk-proj-..., sk-ant-...
-    ("stripe_key", "sk_", r"(?:live|test)_[A-Za-z0-9]{16,}"),
-    ("tuneloop_key", "tl-", r"[A-Za-z0-9_\-]{32,}"),  # tl-<id>_<token_urlsafe(32)>
-    ("aws_access_key", "A[KS]IA", r"[0-9A-Z]{16}(?![A-Za-z0-9])"),
-    ("github_token", "gh[pousr]_", r"[A-Za-z0-9]{36,}"),
-    ("github_pat", "github_pat_", r"[A-Za-z0-9_]{22,}"),
-    ("slack_token", "xox[abprs]-", r"[A-Za-z0-9\-]{10,}"),
-    ("google_api_key", "AIza", r"[0-9A-Za-z_\-]{35}"),
-    ("jwt", "eyJ", r"[A-Za-z0-9_\-]+\.eyJ[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*"),
-    # A digit in the token keeps "bearer responsibilities" out.
-    ("bearer_token", "(?i:bearer)", r"\s{1,8}(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{16,}=*"),
-    # The whole block, or to the end of the text while its END line has not come: a stream
-    # holds the key back until it is complete, and a cut-off key is still redacted.
-    ("private_key", "-----BEGIN",
-     r"[A-Z0-9 ]* PRIVATE KEY[A-Z0-9 ]*-----.*?(?:-----END[A-Z0-9 ]* PRIVATE KEY[A-Z0-9 ]*-----|\Z)"),
-]
-
+# The secrets are components/privacy/secrets.py's (the one list the data gate uses too),
+# each recognised as SECRET_KEY.
 # The pre-screen: a text that matches none of these cannot hold an entity, so Presidio
 # (~2.5 ms a call) is skipped. Sound for the recognizers in _SCREENED (checked when the
 # analyzer is built; anything else turns the pre-screen off), because each needs one of:
@@ -64,19 +47,11 @@ _SECRETS = [
 #   a secret's prefix.
 # It searches the lower-cased text (3x faster than re.IGNORECASE; ~25 us for 300 characters):
 # no character but A-F lower-cases to a-f, and the prefixes keep their meaning lower-cased.
-def _prescreen(secrets) -> re.Pattern:
-    return re.compile(r"[\d@]|\.\w|::|[0-9a-f]:[0-9a-f]|[0-9a-f]{2}-[0-9a-f]{2}|"
-                      + "|".join(prefix for _, prefix, _ in secrets).lower())
+def _prescreen(secrets: list[Secret]) -> re.Pattern:
+    return re.compile(r"[\d@]|\.\w|::|[0-9a-f]:[0-9a-f]|[0-9a-f]{2}-[0-9a-f]{2}|" + prescreen_pattern(secrets))
 
 
-_PRESCREEN = _prescreen(_SECRETS)
-
-
-def _secrets(key_prefix: str) -> list[tuple[str, str, str]]:
-    """The secret patterns, with this deployment's own key prefix when it is not tl-."""
-    if key_prefix == "tl-":
-        return list(_SECRETS)
-    return [*_SECRETS, ("tuneloop_key_custom", re.escape(key_prefix), r"[A-Za-z0-9_\-]{32,}")]
+_PRESCREEN = _prescreen(SECRETS)
 
 _SCREENED = {
     "CreditCardRecognizer", "UsBankRecognizer", "UsLicenseRecognizer", "UsItinRecognizer",
@@ -151,7 +126,7 @@ class PiiRedactor:
         self.on_cpu: Callable[[float], None] | None = None  # CPU seconds of each analysis (a metric)
         # Presidio's email recognizer imports tldextract, which would fetch the suffix list.
         os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
-        secrets = _secrets(key_prefix)
+        secrets = secrets_for(key_prefix)
         self._screen = _prescreen(secrets)
         try:
             self.analyzer, components = self._build(config, Path(cache_dir), secrets)
@@ -180,9 +155,9 @@ class PiiRedactor:
         self._analyze("warm-up a@b.com +1 415-555-2671 https://example.com 10.0.0.1")
 
     @staticmethod
-    def _build(config: PiiConfig, cache_dir: Path, secrets: list[tuple[str, str, str]]):
+    def _build(config: PiiConfig, cache_dir: Path, secrets: list[Secret]):
         import spacy  # noqa: F401  (import errors surface here, not in presidio's loader)
-        from presidio_analyzer import AnalyzerEngine, Pattern, PatternRecognizer
+        from presidio_analyzer import AnalyzerEngine, Pattern, PatternRecognizer, RecognizerResult
         from presidio_analyzer.nlp_engine import NlpEngineProvider
         from presidio_analyzer.predefined_recognizers import PhoneRecognizer
 
@@ -208,14 +183,22 @@ class PiiRedactor:
         registry.add_recognizer(_PhoneRecognizer())
 
         class _SecretRecognizer(PatternRecognizer):
-            pass
+            """One of components/privacy's secrets; its value check (random-looking only) applies."""
 
-        for name, prefix, rest in secrets:
-            start = "" if name == "private_key" else (r"\b" if name == "bearer_token" else _TOKEN_START)
-            registry.add_recognizer(_SecretRecognizer(
-                supported_entity=SECRET, name=name, supported_language=LANGUAGE,
-                patterns=[Pattern(name, start + prefix + rest, 1.0)],
-                global_regex_flags=re.DOTALL | re.MULTILINE))
+            def __init__(self, secret: Secret):
+                self.secret = secret
+                super().__init__(supported_entity=SECRET, name=secret.name, supported_language=LANGUAGE,
+                                 patterns=[Pattern(secret.name, secret.pattern, 1.0)],
+                                 global_regex_flags=re.DOTALL | re.MULTILINE)
+
+            def analyze(self, text, entities, nlp_artifacts=None, regex_flags=None):
+                # The secret's own spans (its value check applied; a labelled value without its label).
+                return [RecognizerResult(SECRET, a, b, 1.0, recognition_metadata={
+                    RecognizerResult.RECOGNIZER_NAME_KEY: self.name,
+                    RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: self.id}) for a, b in self.secret.spans(text)]
+
+        for secret in secrets:
+            registry.add_recognizer(_SecretRecognizer(secret))
         return analyzer, components
 
     # ---- analysis ----------------------------------------------------------------------
@@ -241,28 +224,35 @@ class PiiRedactor:
 
     def find(self, text: str) -> list[Entity]:
         """Disjoint entities, in order. Overlapping results become one span (their union, so no
-        part of any of them survives) named after the longest of them (then the best scored)."""
-        return self._analyze(text) if self.needs_analysis(text) else []
-
-    async def afind(self, text: str) -> list[Entity]:
-        """find() in a worker thread, within config.timeout_s (the thread cannot be stopped:
-        it finishes in the background, and analyses queued behind it time out too)."""
+        part of any of them survives) named after the longest of them (then the best scored).
+        A long text is analysed in windows (CHUNK_CHARS each)."""
         if not self.needs_analysis(text):
             return []
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self._analyze, text), self.config.timeout_s)
-        except TimeoutError:
-            raise PiiError(f"PII analysis took longer than {self.config.timeout_s:g} s") from None
+        return _in_windows(text, self._analyze, self.config.holdback_chars)
+
+    async def afind(self, text: str, tenant=None) -> list[Entity]:
+        """find() in a worker thread, within config.timeout_s a window (the thread cannot be
+        stopped: it finishes in the background, and analyses queued behind it time out too)."""
+        if not self.needs_analysis(text):
+            return []
+        found = []
+        for start, end in windows(text, overlap=self.config.holdback_chars):
+            try:
+                part = await asyncio.wait_for(asyncio.to_thread(self._analyze, text[start:end]), self.config.timeout_s)
+            except TimeoutError:
+                raise PiiError(f"PII analysis took longer than {self.config.timeout_s:g} s") from None
+            found += [Entity(e.entity_type, e.start + start, e.end + start, e.score) for e in part]
+        return _merge(found)
 
     def redact(self, text: str) -> tuple[str, list[str]]:
         """(text with every entity replaced by <ENTITY_TYPE>, the type of each entity found)."""
         return _replace(text, self.find(text))
 
-    async def aredact(self, text: str) -> tuple[str, list[str]]:
-        return _replace(text, await self.afind(text))
+    async def aredact(self, text: str, tenant=None) -> tuple[str, list[str]]:
+        return _replace(text, await self.afind(text, tenant))
 
-    def stream(self, step: int = 32) -> StreamRedactor:
-        return StreamRedactor(self, self.config.holdback_chars, step)
+    def stream(self, step: int = 32, tenant=None) -> StreamRedactor:
+        return StreamRedactor(self, self.config.holdback_chars, step, tenant)
 
     def close(self) -> None:
         """Nothing to release (no threads or files of its own); here for symmetry."""
@@ -279,8 +269,7 @@ class RemotePiiRedactor(PiiRedactor):
         self.config = config
         self.guard = guard
         self.on_cpu = None  # the child's CPU is reported through guard.on_cpu["find"]
-        secrets = _secrets(key_prefix)
-        self._screen = _prescreen(secrets)
+        self._screen = _prescreen(secrets_for(key_prefix))
         self.entities = config.entities
         self.prescreen = self.early_emit = False
 
@@ -297,15 +286,21 @@ class RemotePiiRedactor(PiiRedactor):
         except GuardFailed as exc:
             raise PiiError(f"PII analysis failed: {exc}") from None
 
-    async def afind(self, text: str) -> list[Entity]:
+    async def afind(self, text: str, tenant=None) -> list[Entity]:
+        """The child's analysis, a window at a time in `tenant`'s turn (GuardProcess: tenants'
+        calls interleave, so a long prompt delays its own request, not the others')."""
         from components.gateway.guard_process import GuardFailed
 
         if not self.needs_analysis(text):
             return []
+        found = []
         try:
-            return [Entity(*e) for e in await self.guard.acall("find", text, self.config.timeout_s)]
+            for start, end in windows(text, overlap=self.config.holdback_chars):
+                part = await self.guard.acall("find", text[start:end], self.config.timeout_s, tenant)
+                found += [Entity(kind, a + start, b + start, score) for kind, a, b, score in part]
         except GuardFailed as exc:
             raise PiiError(f"PII analysis failed: {exc}") from None
+        return _merge(found)
 
 
 def _merge(results) -> list[Entity]:
@@ -324,6 +319,36 @@ def _merge(results) -> list[Entity]:
 def _union(cluster) -> Entity:
     best = max(cluster, key=lambda r: (r.end - r.start, r.score))
     return Entity(best.entity_type, min(r.start for r in cluster), max(r.end for r in cluster), best.score)
+
+
+CHUNK_CHARS = 4_000  # a longer text is analysed in windows of about this size (one call each)
+
+
+def windows(text: str, size: int = CHUNK_CHARS, overlap: int = 64) -> list[tuple[int, int]]:
+    """(start, end) of windows covering text: each about `size` characters, cut after a
+    whitespace where one is near, each overlapping the last by `overlap` characters (at least
+    the longest entity: one cut by a window's end is whole in the next)."""
+    if len(text) <= size:
+        return [(0, len(text))]
+    out, start = [], 0
+    while True:
+        end = min(start + size, len(text))
+        if end < len(text):
+            space = max(text.rfind(" ", end - 200, end), text.rfind("\n", end - 200, end))
+            if space > start + overlap:
+                end = space + 1
+        out.append((start, end))
+        if end >= len(text):
+            return out
+        start = end - overlap
+
+
+def _in_windows(text: str, find, overlap: int) -> list[Entity]:
+    """find(window) over the windows of text, offsets back in text's, overlaps merged."""
+    found = []
+    for start, end in windows(text, overlap=overlap):
+        found += [Entity(e.entity_type, e.start + start, e.end + start, e.score) for e in find(text[start:end])]
+    return _merge(found)
 
 
 def _replace(text: str, entities: list[Entity]) -> tuple[str, list[str]]:
@@ -360,8 +385,9 @@ class StreamRedactor:
     held text can never come out unredacted.
     """
 
-    def __init__(self, redactor: PiiRedactor, holdback: int, step: int = 32):
+    def __init__(self, redactor: PiiRedactor, holdback: int, step: int = 32, tenant=None):
         self._redactor = redactor
+        self._tenant = tenant
         self._holdback = holdback
         self._step = max(1, step)
         self.found: list[str] = []  # the type of every entity redacted so far
@@ -419,7 +445,7 @@ class StreamRedactor:
 
     async def _arun(self, window: str) -> list[Entity]:
         try:
-            return await self._redactor.afind(window)
+            return await self._redactor.afind(window, self._tenant)
         except PiiError as exc:
             self._error = exc
             raise

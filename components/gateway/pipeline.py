@@ -28,6 +28,7 @@ from components.gateway.content_filter import ContentFilter, RuleSet, Verdict
 from components.gateway.keys import ApiKey, InvalidKey, KeyStore, load_pepper
 from components.gateway.limiter import Decision, Limits, MemoryLimiter, RedisLimiter, rate_limit_headers
 from components.gateway.redis_health import RedisHealth, RedisUnavailable
+from components.serving.admission import Share
 from components.serving.errors import (
     ContentFiltered,
     GuardUnavailable,
@@ -209,6 +210,15 @@ class Gateway:
                 reason = exc.reason
         self.metrics.auth_failures.labels(reason=reason).inc()
         raise InvalidApiKey(_AUTH_MESSAGES[reason])
+
+    def share_for(self, key: ApiKey | None, max_concurrency: int) -> Share | None:
+        """What this key may hold of a server at once (admission's fair share), or None (auth off)."""
+        if key is None:
+            return None
+        tier = self.config.tiers.get(key.tier)
+        whole = max(1, int(max_concurrency * self.config.max_share_per_key))
+        generations = min(tier.max_generations_in_flight or whole, whole) if tier else whole
+        return Share(key.id, generations, tier.max_tokens_in_flight if tier else None)
 
     def limits_for(self, key: ApiKey) -> Limits:
         tier = self.config.tiers.get(key.tier)
@@ -444,7 +454,7 @@ class RequestGate:
         gateway.filter.roles names, every role by default)."""
         g = self.gateway
         if g.pii is not None and g.config.pii.mode != "off" and texts:
-            results = await _redact_all(g.pii, texts)
+            results = await _redact_all(g.pii, texts, self.tenant, g.config.pii.request_budget_s)
             found = [e for _, entities in results for e in entities]
             for entity in found:
                 g.metrics.pii.labels(entity=entity, where="prompt").inc()
@@ -519,7 +529,7 @@ class RequestGate:
         g = self.gateway
         if not self.redacts_outputs:
             return None
-        return _CountingRedactor(g.pii.stream(g.config.pii.stream_step_chars),
+        return _CountingRedactor(g.pii.stream(g.config.pii.stream_step_chars, self.tenant),
                                  lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
 
     async def redact_output(self, texts: list[str]) -> list[str]:
@@ -527,7 +537,7 @@ class RequestGate:
         if not self.redacts_outputs:
             return texts
         g = self.gateway
-        return [text for text, _ in await _redact_all(g.pii, texts)]
+        return [text for text, _ in await _redact_all(g.pii, texts, self.tenant, g.config.pii.request_budget_s)]
 
     async def check_output(self, texts: list[str]) -> list[Verdict] | None:
         g = self.gateway
@@ -540,16 +550,25 @@ class RequestGate:
         return self.gateway.filter is not None and f.outputs == "block" and verdict.blocks(f.classifier_action)
 
 
-async def _redact_all(pii, texts: list[str]) -> list[tuple[str, list[str]]]:
-    """Every text redacted, or GuardUnavailable: any failure (an error, the timeout) refuses.
-    Texts the pre-screen clears are not handed to the analyzer at all."""
+async def _redact_all(pii, texts: list[str], tenant=None, budget_s: float | None = None
+                      ) -> list[tuple[str, list[str]]]:
+    """Every text redacted, or GuardUnavailable: any failure (an error, the timeout, the
+    request's budget spent) refuses this request only. Texts the pre-screen clears are not
+    handed to the analyzer at all; the others go in `tenant`'s turn (a long one in windows)."""
     out: list[tuple[str, list[str]]] = [(t, []) for t in texts]
     todo = [i for i, t in enumerate(texts) if pii.needs_analysis(t)]
     if not todo:
         return out
     try:
-        for i, result in zip(todo, await asyncio.gather(*(pii.aredact(texts[i]) for i in todo))):
+        async with asyncio.timeout(budget_s):
+            results = await asyncio.gather(*(pii.aredact(texts[i], tenant) for i in todo))
+        for i, result in zip(todo, results):
             out[i] = result
+    except TimeoutError:
+        log.warning("PII analysis of a request's %d characters went over its budget of %g s: refused",
+                    sum(len(texts[i]) for i in todo), budget_s)
+        raise GuardUnavailable(f"PII analysis of this request took longer than its budget of {budget_s:g} s "
+                               "(gateway.pii.request_budget_s); shorten the prompt or retry") from None
     except Exception as exc:
         log.error("PII analysis failed: %s: %s", type(exc).__name__, exc)
         raise GuardUnavailable("PII analysis failed; the request was not processed (the gateway fails closed)") \

@@ -3,7 +3,12 @@
 submit() only appends to an in-memory buffer (a lock and a list append, on the event
 loop). One thread takes the buffer every `flush_interval_s`, redacts the texts that the
 gateway did not redact already, and writes the batch to the sink, which flushes and
-fsyncs it (a crash loses at most the last interval's records). If the sink fails (a SQL
+fsyncs it (a crash loses at most the last interval's records). Redaction never holds a batch
+back: a logged text longer than request_log.max_text_chars keeps its first that many
+characters (a marker says how many more there were), a batch goes to the redactor in calls
+of at most REDACT_CALL_CHARS characters, and the records of a call that fails or runs out of
+time are written on time with their texts withheld (counted: result "texts_withheld").
+Before, one 200 KB prompt stalled the writer for ~1.5 minutes. If the sink fails (a SQL
 database down), the batch goes to local JSONL segments (the spill folder) instead and
 nothing is dropped; `tuneloop logs` reads both. close() (graceful shutdown) writes what is
 left before it returns; a record submitted after close() is written at once.
@@ -19,6 +24,14 @@ from typing import Any, Callable
 log = logging.getLogger("tuneloop.requestlog")
 
 Redact = Callable[[str], str]
+REDACT_CALL_CHARS = 64_000  # characters of text per call to the redactor
+
+
+def _cut(text: str, limit: int) -> str:
+    """At most `limit` characters of a logged text, and a marker of what was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[{len(text) - limit} more characters not logged]"
 
 
 class InProcessRedactor:
@@ -74,7 +87,8 @@ class RequestLogMetrics:
 
 class RequestLog:
     def __init__(self, sink, flush_interval_s: float = 1.0, texts: str = "redacted",
-                 redactor: Callable[[], Any] | None = None, spill=None, metrics=None, niceness: int = 10):
+                 redactor: Callable[[], Any] | None = None, spill=None, metrics=None, niceness: int = 10,
+                 max_text_chars: int = 20_000):
         """sink: store.SegmentSink / SqlSink; redactor: a function returning an object with
         redact_many(texts) -> texts, called once (None: texts the gateway did not redact are
         omitted); spill: a SegmentSink for when sink fails;
@@ -85,6 +99,8 @@ class RequestLog:
         self.sink, self.spill = sink, spill
         self.flush_interval_s = float(flush_interval_s)
         self.texts = texts
+        self.max_text_chars = int(max_text_chars)
+        self.withheld = 0  # records written with their texts withheld because redaction failed
         self._redactor_factory = redactor
         self._redactor = None
         self._redactor_error: str | None = None
@@ -234,26 +250,43 @@ class RequestLog:
             for i, fields in todo:
                 out[i] = _omit(records[i], fields, self._redactor_error or "no PII redactor")
             return out
-        texts: list[str] = []
-        for i, fields in todo:
-            for f in fields:
-                _map_texts(records[i][f], lambda t: texts.append(t) or t)
-        try:
-            redacted = iter(redactor.redact_many(texts))
-        except Exception as exc:  # never write what could not be redacted
-            log.error("request log: redaction failed for %d records (%s: %s); their texts are omitted",
-                      len(todo), type(exc).__name__, exc)
-            for i, fields in todo:
-                out[i] = _omit(records[i], fields, "redaction failed")
-            return out
-        for i, fields in todo:
-            record = dict(records[i])
-            for f in fields:
-                record[f] = _map_texts(records[i][f], lambda _t: next(redacted))
-                if f in _REDACTED:
-                    record[_REDACTED[f]] = True
-            out[i] = record
+        for call in self._calls(records, todo):
+            texts: list[str] = []
+            for i, fields in call:
+                for f in fields:
+                    _map_texts(records[i][f], lambda t: texts.append(_cut(t, self.max_text_chars)) or t)
+            try:
+                redacted = iter(redactor.redact_many(texts))
+            except Exception as exc:  # never write what could not be redacted: withheld, on time
+                log.error("request log: redaction failed for %d records (%s: %s); their texts are withheld",
+                          len(call), type(exc).__name__, exc)
+                for i, fields in call:
+                    out[i] = _omit(records[i], fields, "redaction failed")
+                self.withheld += len(call)
+                self.metrics.records(records[call[0][0]].get("kind", "requests"), "texts_withheld", len(call))
+                continue
+            for i, fields in call:
+                record = dict(records[i])
+                for f in fields:
+                    record[f] = _map_texts(records[i][f], lambda _t: next(redacted))
+                    if f in _REDACTED:
+                        record[_REDACTED[f]] = True
+                out[i] = record
         return out
+
+    def _calls(self, records: list[dict], todo: list[tuple[int, list[str]]]) -> list[list[tuple[int, list[str]]]]:
+        """The records to redact, grouped into calls of at most REDACT_CALL_CHARS characters
+        (a record bigger than that alone in its call), so a failure withholds few."""
+        calls: list[list[tuple[int, list[str]]]] = [[]]
+        size = 0
+        for i, fields in todo:
+            n = sum(min(len(t), self.max_text_chars) for f in fields for t in _texts_of(records[i][f]))
+            if calls[-1] and size + n > REDACT_CALL_CHARS:
+                calls.append([])
+                size = 0
+            calls[-1].append((i, fields))
+            size += n
+        return [c for c in calls if c]
 
     def close(self, timeout: float = 30.0) -> None:
         with self._lock:
@@ -307,6 +340,12 @@ def _map_texts(value, fn: Redact):
     return value
 
 
+def _texts_of(value) -> list[str]:
+    found: list[str] = []
+    _map_texts(value, lambda t: found.append(t) or t)
+    return found
+
+
 def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
     """The RequestLog the config asks for (None when request_log.enabled is false).
 
@@ -331,7 +370,8 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
         if rl.redact_in == "process":
             from components.requestlog.redactor_process import ProcessRedactor
 
-            return ProcessRedactor(settings.model_dump(mode="json"), str(cfg.home / "gateway"), cfg.gateway.key_prefix)
+            return ProcessRedactor(settings.model_dump(mode="json"), str(cfg.home / "gateway"), cfg.gateway.key_prefix,
+                                   timeout_s=rl.redaction_timeout_s)
         shared = pii() if callable(pii) else pii
         if shared is not None:
             return InProcessRedactor(shared)
@@ -340,4 +380,4 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
         return InProcessRedactor(PiiRedactor(settings, cfg.home / "gateway", key_prefix=cfg.gateway.key_prefix))
 
     log.info("request log: %s (flushed every %g s)", sink, rl.flush_interval_s)
-    return RequestLog(sink, rl.flush_interval_s, rl.texts, redactor, spill, metrics)
+    return RequestLog(sink, rl.flush_interval_s, rl.texts, redactor, spill, metrics, max_text_chars=rl.max_text_chars)

@@ -237,6 +237,9 @@ def _deliver_all(items: list[tuple[GenerationStream, tuple]]) -> None:
 # model loading and facts both engines need
 
 
+LONG_TEXT = 16_384  # characters: tokenised without holding the GIL (LoadedModel.encode)
+
+
 @dataclass
 class LoadedModel:
     model: Any
@@ -258,15 +261,29 @@ class LoadedModel:
     def encode(self, text: str) -> list[int]:
         """Token ids of text, no special tokens added: what `tokenizer(text, add_special_tokens=False)` gives.
 
-        A fast tokenizer is called through its Rust backend's single `encode`. Calling the
-        tokenizer itself runs `encode_batch`, which hands the text to the rayon thread pool
-        and gives up the GIL: in a busy server getting both back took ~0.5 ms per request,
-        with the event loop stalled meanwhile.
+        A fast tokenizer is called through its Rust backend's single `encode`, which holds the
+        GIL throughout. `encode_batch` hands the text to the rayon thread pool and gives up the
+        GIL: in a busy server getting both back took ~0.5 ms per request, with the event loop
+        stalled meanwhile, so only a long text (LONG_TEXT characters) goes that way, where the
+        GIL held for the whole text would stall everyone else longer.
         """
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            return backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if backend is None:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(text) > LONG_TEXT:
+            return backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return backend.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (its longest vocabulary entry; twice
+        that where the tokenizer normalises text, which may fold characters together): a text
+        of more than context_length x this many characters cannot fit, whatever it says."""
+        vocab = self.tokenizer.get_vocab()
+        longest = max((len(t) for t in vocab), default=1)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        normalises = backend is None or backend.normalizer is not None
+        return max(1, longest) * (2 if normalises else 1)
 
 
 def load_tokenizer(model_dir: Path | str) -> LoadedModel:

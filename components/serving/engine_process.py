@@ -23,8 +23,18 @@ They talk over two pipes (plain-pickled messages, _put / _get):
 The server's worker waits for "loaded" (wait_loaded): a model the child cannot load fails
 the server's start, as load_model does in one process.
 Each stream on the server's side is the GenerationStream the API made; the child runs a twin
-of it whose deliveries go into the pipe instead of onto an event loop. If the child dies,
-every running request fails with 503 and is_running (what /readyz reads) turns false.
+of it whose deliveries go into the pipe instead of onto an event loop.
+
+Supervised: if the child dies after it served (killed, out of memory, a crash in a kernel),
+every running request fails at once with 503, is_running (what /readyz reads) turns false,
+new requests get 503 with Retry-After, and a new child is started after a backoff (1, 2, 4
+... RESTART_MAX_DELAY_S s) with the weights last served (a hot-swapped version's folder
+included). More than MAX_RESTARTS crashes within RESTART_WINDOW_S is a fault a restart does
+not mend: gave_up turns true, and the server's /livez fails so that an orchestrator restarts
+the whole server. Before it, a SIGKILLed engine left the server answering 503 for good with
+/livez green. The child runs in a session of its own, so a signal to the server's process
+group (Ctrl+C, `bentoml serve` stopping) does not cut its streams: the server stops it, after
+they end (graceful shutdown); if the server's process dies, the child reads EOF and exits.
 """
 
 from __future__ import annotations
@@ -32,7 +42,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +55,9 @@ from components.serving.errors import ServingError, ServingSetupError, Unavailab
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+MAX_RESTARTS = 5  # crashes within RESTART_WINDOW_S that a restart may mend; one more: gave_up
+RESTART_WINDOW_S = 600.0
+RESTART_MAX_DELAY_S = 30.0
 
 
 def _put(conn: Connection, msg: tuple) -> None:
@@ -85,29 +97,77 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         self._streams: dict[str, GenerationStream] = {}  # running here, by request id
         self._stopping = False
+        self.model_dir = Path(loaded.path)  # what a (re)started child loads: the weights last served
+        self._swap_folder: Path | None = None
+        self.served_once = False  # the first child became ready: a later death is a crash to mend
+        self.restarts = 0
+        self.gave_up = False  # crashing faster than restarts mend it: the server must be restarted
+        self.restart_at: float | None = None  # while restarting: when the next child starts
+        self._crashes: list[float] = []
+        self._wake = threading.Event()  # stop() interrupts a restart's backoff
 
     # ---- lifecycle --------------------------------------------------------------------
     def launch(self) -> None:
+        self._spawn()
+        threading.Thread(target=self._supervise, name="engine-process-supervisor", daemon=True).start()
+
+    def _spawn(self) -> None:
+        """A new child (in a session of its own) told to load self.model_dir, and its reader."""
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-        self._proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "components.serving.engine_process", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), env=env, cwd=str(REPO_ROOT))
+            pass_fds=(to_child_r, from_child_w), env=env, cwd=str(REPO_ROOT), start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)  # the child's end only: EOF here when it exits
-        self._send_conn = Connection(to_child_w, readable=False)
-        self._send(("start", str(self.loaded.path), self.serving.model_dump(mode="json")))
-        threading.Thread(target=self._read, args=(Connection(from_child_r, writable=False),),
+        with self._send_lock:
+            self._proc, self._send_conn = proc, Connection(to_child_w, readable=False)
+        self._send(("start", str(self.model_dir), self.serving.model_dump(mode="json")))
+        threading.Thread(target=self._read, args=(Connection(from_child_r, writable=False), proc),
                          name="engine-process-reader", daemon=True).start()
-        threading.Thread(target=self._watch_start, name="engine-process-start", daemon=True).start()
 
-    def _watch_start(self) -> None:
-        if not self.ready.wait(self.ready_timeout_s):
-            self._died(f"the engine process was not ready after {self.ready_timeout_s:.0f} s")
-            self.stop()
+    def _supervise(self) -> None:
+        """Watch the child: a start that takes too long fails; a crash after it served is
+        restarted with backoff, until crashes come too fast (gave_up)."""
+        while not self._stopping:
+            proc = self._proc
+            if not self.ready.wait(self.ready_timeout_s) and proc is self._proc and not self._stopping:
+                self._died(f"the engine process was not ready after {self.ready_timeout_s:.0f} s")
+                self._kill(proc)
+            code = proc.wait()
+            if self._stopping:
+                return
+            if not self.served_once:  # it never came up: the start fails (wait_loaded says why)
+                return
+            now = time.monotonic()
+            self._crashes = [t for t in self._crashes if now - t < RESTART_WINDOW_S] + [now]
+            if len(self._crashes) > MAX_RESTARTS:
+                self.gave_up = True
+                log.critical("engine process: %d crashes within %.0f s (last: code %s); not restarting it again: "
+                             "the server reports itself dead (/livez) so that it is restarted whole",
+                             len(self._crashes), RESTART_WINDOW_S, code)
+                return
+            delay = min(RESTART_MAX_DELAY_S, 2.0 ** (len(self._crashes) - 1))
+            self.restart_at = now + delay
+            log.error("engine process exited (code %s): restarting it in %.0f s (%d of %d crashes allowed within "
+                      "%.0f s)", code, delay, len(self._crashes), MAX_RESTARTS, RESTART_WINDOW_S)
+            if self._wake.wait(delay) or self._stopping:
+                return
+            self.ready.clear()
+            self.loaded_model.clear()
+            self.failed = None
+            self.restarts += 1
+            self._spawn()
+            self.restart_at = None
 
-    def _read(self, conn: Connection) -> None:
+    def _kill(self, proc: subprocess.Popen) -> None:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+    def _read(self, conn: Connection, proc: subprocess.Popen) -> None:
         """The server's side of the pipe from the child: hands each step's events to the streams' loops."""
         try:
             while True:
@@ -127,23 +187,25 @@ class EngineProcess:
                     self.forward_name, self.compile_mode = facts["forward_name"], facts["compile_mode"]
                     self.compiled, self.compile_seconds = facts["compiled"], facts["compile_seconds"]
                     self.max_len, self.dtype = facts["context_length"], facts["dtype"]
-                    log.info("engine process %d: ready (%s)", self._proc.pid, facts["describe"])
+                    log.info("engine process %d: ready (%s)%s", proc.pid, facts["describe"],
+                             f"; restart {self.restarts}" if self.restarts else "")
+                    self.served_once = True
                     self.ready.set()
                 elif kind == "failed":
                     self._died(msg[1])
                 elif kind == "swapped":
                     self.swap_error = msg[1]
+                    if self.swap_error is None and self._swap_folder is not None:
+                        self.model_dir = self._swap_folder  # a restart loads what is served now
                     if self._swap_done is not None:
                         self._swap_done.set()
         except (EOFError, OSError):
             pass
         except Exception:  # a message this side cannot read: the pipe's state is unknown
             log.exception("engine process: reading its messages failed")
-        code = self._proc.wait()
-        if not self._stopping and code in (-signal.SIGTERM, -signal.SIGINT):
-            # the server's process group is being stopped (bentoml serve, Ctrl+C): not a crash
-            self._stopping = True
-            log.info("engine process: stopped by signal %d", -code)
+        code = proc.wait()
+        if proc is not self._proc:  # an earlier child's reader, after a restart
+            return
         if not self._stopping:
             self._died(f"the engine process exited with code {code}")
         elif self._streams:  # stopped: whatever it did not end is ended here (nobody waits forever)
@@ -185,6 +247,7 @@ class EngineProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
+        self._wake.set()
         if self._proc is None or self._proc.poll() is not None:
             return
         try:
@@ -215,6 +278,10 @@ class EngineProcess:
     def submit(self, stream: GenerationStream) -> None:
         """Start stream's generation in the child (call on its event loop)."""
         if not self.is_running:
+            if self.restart_at is not None or (self.served_once and not self.gave_up and not self._stopping):
+                wait = max(1.0, (self.restart_at or time.monotonic()) - time.monotonic() + 5.0)
+                raise Unavailable("the generation engine is restarting after a crash; retry shortly",
+                                  retry_after_s=wait)
             raise Unavailable(f"the generation engine is not running{': ' + self.failed if self.failed else ''}; "
                               "the server is not ready", retry_after_s=1)
         stream.claimed = True
@@ -234,11 +301,13 @@ class EngineProcess:
         except OSError:  # the child is gone: nothing to stop
             pass
 
-    def swap_weights(self, state: dict) -> threading.Event:
-        """SlotEngine.swap_weights in the child; the event is set when it is done (swap_error says if it failed)."""
+    def swap_weights(self, state: dict, folder: Path | None = None) -> threading.Event:
+        """SlotEngine.swap_weights in the child; the event is set when it is done (swap_error says
+        if it failed). folder: where these weights are, what a restarted child loads from then on."""
         if self._swap_done is not None and not self._swap_done.is_set():
             raise RuntimeError("a weight swap is already in progress")
         self.swap_error = None
+        self._swap_folder = folder
         self._swap_done = threading.Event()
         self._send(("swap", {k: v.detach().cpu() for k, v in state.items()}))
         return self._swap_done

@@ -48,6 +48,12 @@ class InvalidRequest(ServingError):
     status, type, code, reason = 400, "invalid_request_error", None, "invalid_request"
 
 
+class RequestTooLarge(InvalidRequest):
+    """The request body is over serving.max_request_bytes (refused before it is parsed)."""
+
+    status, code, reason = 413, "request_too_large", "request_too_large"
+
+
 class ContextLengthExceeded(InvalidRequest):
     code, reason = "context_length_exceeded", "context_length_exceeded"
 
@@ -118,7 +124,7 @@ def openai_error_body(message: str, type: str, param: str | None = None, code: s
 def error_for_status(status: int, message: str) -> ServingError:
     """The ServingError for a bare HTTP status (e.g. from BentoML's own handlers)."""
     by_status: dict[int, type[ServingError]] = {
-        400: InvalidRequest, 404: RouteNotFound, 405: MethodNotAllowed, 422: InvalidRequest,
+        400: InvalidRequest, 404: RouteNotFound, 405: MethodNotAllowed, 413: RequestTooLarge, 422: InvalidRequest,
         429: Overloaded, 503: Unavailable, 504: RequestTimeout,
     }
     cls = by_status.get(status, InvalidRequest if 400 <= status < 500 else InternalError)

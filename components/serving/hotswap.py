@@ -64,7 +64,7 @@ class ChampionWatcher:
             return False
         log.info("the champion is now version %s (serving %s): loading it", champion.version, self.server.served.id)
         try:
-            state = await asyncio.to_thread(self._load, champion.version)
+            state, folder = await asyncio.to_thread(self._load, champion.version)
         except ValueError as exc:
             self.skipped.add(champion.version)
             log.error("version %s cannot be swapped in (%s); restart the server to serve it", champion.version, exc)
@@ -75,7 +75,7 @@ class ChampionWatcher:
         try:
             while self.server.admission.in_flight > 0:
                 await asyncio.sleep(0.01)
-            done = self.engine.swap_weights(state)
+            done = self.engine.swap_weights(state, folder)
             await asyncio.to_thread(done.wait)
             if self.engine.swap_error is not None:
                 self.skipped.add(champion.version)
@@ -90,7 +90,7 @@ class ChampionWatcher:
         log.info("now serving %s (was %s), no restart", self.server.served.id, old.id)
         return True
 
-    def _load(self, version: str) -> dict:
+    def _load(self, version: str) -> tuple[dict, Path]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from components.registry import ModelRegistry
@@ -114,4 +114,4 @@ class ChampionWatcher:
             raise ValueError("its model config differs from the served model's")
         if AutoTokenizer.from_pretrained(folder).get_vocab() != loaded.tokenizer.get_vocab():
             raise ValueError("its tokenizer differs from the served model's")
-        return model.state_dict()
+        return model.state_dict(), folder

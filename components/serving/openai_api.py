@@ -35,7 +35,8 @@ from components.gateway.pipeline import GatewayMiddleware, RequestGate, gate_of
 from components.requestlog.asgi import RequestLogMiddleware, record_of
 from components.requestlog.record import RequestRecord, utc_iso, verdict_summary
 from components.serving.admission import AdmissionController, Ticket
-from components.serving.engine import GenerationStream, LoadedModel, SamplingParams
+from components.serving.untrusted import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from components.serving.engine import LONG_TEXT, GenerationStream, LoadedModel, SamplingParams
 from components.serving.errors import (
     ContextLengthExceeded,
     InternalError,
@@ -352,6 +353,7 @@ class OpenAIServer:
     metrics: Any = None  # components.serving.metrics.ServingMetrics, or None
     stream_interval_s: float = 0.0  # see GenerationStream: tokens within it share one chunk
     ready: bool = False  # set once warm-up is done
+    draining: bool = False  # shutting down: in-flight generations finish, new requests get 503
     # Closed while a new model version is swapped in (components/serving/hotswap.py): new
     # generations wait here, so each is answered wholly by one version.
     swap_gate: asyncio.Event | None = None
@@ -375,6 +377,8 @@ def _server(request: Request) -> OpenAIServer:
     server = getattr(request.app.state, "server", None)
     if server is None or not server.ready:
         raise Unavailable("the model is loading or warming up; retry shortly", retry_after_s=2)
+    if server.draining:
+        raise Unavailable("the server is shutting down; retry (another replica answers)", retry_after_s=1)
     return server
 
 
@@ -491,6 +495,46 @@ def _check_model(server: OpenAIServer, model: str) -> None:
             f"The model '{model}' does not exist; this server serves {', '.join(server.served.ids)}",
             param="model",
         )
+
+
+def _prompt_texts(body) -> tuple[list[str], list[list[int]]]:
+    """(the prompt's texts, its token-id prompts) as sent."""
+    if isinstance(body, ChatCompletionRequest):
+        return [m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
+                for m in body.messages], []
+    prompt = body.prompt
+    items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    return [p for p in items if isinstance(p, str)], [p for p in items if not isinstance(p, str)]
+
+
+def _bound_prompt(server: OpenAIServer, body) -> None:
+    """ContextLengthExceeded at once for a prompt that cannot fit the context window whatever
+    its tokens: more token ids than the window, or more characters than the window's tokens
+    can stand for (context x LoadedModel.max_token_chars). A prompt of megabytes is refused
+    in microseconds, before PII analysis, the content filter or the tokenizer read it."""
+    ctx = server.context_length
+    texts, id_prompts = _prompt_texts(body)
+    param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    longest_ids = max((len(p) for p in id_prompts), default=0)
+    if longest_ids > ctx:
+        raise ContextLengthExceeded(f"This model's maximum context length is {ctx} tokens; the {param} holds "
+                                    f"{longest_ids} token ids.", param=param)
+    chars = sum(len(t) for t in texts) if isinstance(body, ChatCompletionRequest) else max(map(len, texts), default=0)
+    bound = ctx * server.loaded.max_token_chars
+    if chars > bound:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens; the {param} holds {chars} characters, more than "
+            f"{ctx} tokens can (at most {server.loaded.max_token_chars} characters a token). Please shorten it.",
+            param=param)
+
+
+async def _tokenized(fn, server: OpenAIServer, body) -> list[list[int]]:
+    """fn(server, body): on the event loop for a short prompt (most), in a worker thread for a
+    long one, where LoadedModel.encode gives up the GIL and the loop serves everyone else."""
+    texts, _ = _prompt_texts(body)
+    if sum(len(t) for t in texts) <= LONG_TEXT:
+        return fn(server, body)
+    return await asyncio.to_thread(fn, server, body)
 
 
 def _refuse_unsupported(body: _SamplingFields) -> None:
@@ -673,8 +717,10 @@ class _Generations:
         self.request_id = request_id
         self.gate = gate
         self.record = record  # the request log's record, completed in close()
+        share = gate.gateway.share_for(gate.key, server.admission.max_concurrency) if gate is not None else None
+        tokens = sum(len(ids) + p.max_new_tokens for ids, p in zip(prepared.prompts, prepared.params))
         try:
-            self.ticket: Ticket = server.admission.admit(len(prepared.prompts))
+            self.ticket: Ticket = server.admission.admit(len(prepared.prompts), tokens, share)
         except Exception:
             if gate is not None:
                 gate.settle(0)  # nothing generated: the whole reservation goes back
@@ -1107,6 +1153,7 @@ async def _begin(server: OpenAIServer, body, request: Request, route: str, id_pr
     if hit is not None:  # it took its request unit with the lookup: a hit does not count against tokens
         _log_hit(record, server, body, hit, gate)
     else:
+        _bound_prompt(server, body)  # before anything reads the prompt: PII analysis, the filter, the tokenizer
         body = await _screen(gate, server, body)
         _log_prompt(record, server, body, gate)
     rid = f"{id_prefix}-{uuid.uuid4().hex}"
@@ -1124,7 +1171,7 @@ async def create_completion(server: OpenAIServer, body: CompletionRequest, reque
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=False)
-    prompts = _tokenize_completion(server, body)
+    prompts = await _tokenized(_tokenize_completion, server, body)
     prepared = _prepare(server, body, prompts, "prompt", echo=_echo_texts(server, body, prompts))
     if gate is not None and prepared.echo:
         prepared.echo = await gate.redact_output(prepared.echo)
@@ -1177,7 +1224,7 @@ async def create_chat_completion(server: OpenAIServer, body: ChatCompletionReque
     if hit is not None:
         return _replay(hit, base, body.stream, bool(body.stream_options and body.stream_options.include_usage),
                        chat=True)
-    prepared = _prepare(server, body, _tokenize_chat(server, body), "messages")
+    prepared = _prepare(server, body, await _tokenized(_tokenize_chat, server, body), "messages")
     await _reserve(gate, prepared)
     await _versioned(server, base, record)
     gens = _Generations(server, prepared, base["id"], gate, record)
@@ -1409,7 +1456,8 @@ def validation_error(errors: list[dict]) -> InvalidRequest:
     return InvalidRequest(f"{param}: {e.get('msg')}" if param else str(e.get("msg")), param=param)
 
 
-def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1") -> FastAPI:
+def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1",
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI app; set app.state.server to an OpenAIServer once the model is ready."""
     app = FastAPI(title=title, version=version, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = None
@@ -1421,8 +1469,10 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
     # too; set app.state.request_log to a RequestLog to turn it on.
     app.state.request_log = None
     app.add_middleware(RequestLogMiddleware)
-    # Outermost: the server's own time for each /v1 response, as OpenAI's header reports it.
+    # The server's own time for each /v1 response, as OpenAI's header reports it.
     app.add_middleware(ProcessingTimeMiddleware)
+    # Outermost: a body over the limit is refused (413) before any of the above reads it.
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
 
     @app.exception_handler(ServingError)
     async def _serving_error(request: Request, err: ServingError):

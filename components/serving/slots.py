@@ -556,7 +556,7 @@ class SlotEngine:
             self._decode(running)
 
     # ---- a new model's weights, with no request dropped ---------------------------------
-    def swap_weights(self, state: dict) -> threading.Event:
+    def swap_weights(self, state: dict, folder=None) -> threading.Event:
         """Load `state` (a state dict of the same architecture) into the served model at a
         step boundary: the running generations finish on the old weights while new ones
         queue, then the weights are copied in place (compiled code and the KV cache stay
