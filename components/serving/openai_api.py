@@ -36,7 +36,7 @@ from components.requestlog.asgi import RequestLogMiddleware, record_of
 from components.requestlog.record import RequestRecord, utc_iso, verdict_summary
 from components.serving.admission import AdmissionController, Ticket
 from components.serving.untrusted import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
-from components.serving.engine import LONG_TEXT, GenerationStream, LoadedModel, SamplingParams
+from components.serving.engine import GenerationStream, LoadedModel, SamplingParams
 from components.serving.errors import (
     ContextLengthExceeded,
     InternalError,
@@ -529,11 +529,8 @@ def _bound_prompt(server: OpenAIServer, body) -> None:
 
 
 async def _tokenized(fn, server: OpenAIServer, body) -> list[list[int]]:
-    """fn(server, body): on the event loop for a short prompt (most), in a worker thread for a
-    long one, where LoadedModel.encode gives up the GIL and the loop serves everyone else."""
-    texts, _ = _prompt_texts(body)
-    if sum(len(t) for t in texts) <= LONG_TEXT:
-        return fn(server, body)
+    """fn(server, body) in a worker thread, never on the event loop; a long prompt's text is
+    encoded without the GIL (LoadedModel.encode), so the loop serves everyone else meanwhile."""
     return await asyncio.to_thread(fn, server, body)
 
 
