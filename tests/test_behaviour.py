@@ -87,7 +87,7 @@ def test_repo_suites_load_with_all_three_kinds(name):
 
 
 def test_repo_configs_name_the_suites():
-    for config, suite in (("default.yaml", "sample.yaml"), ("smollm2.yaml", "amazon-polarity.yaml")):
+    for config, suite in (("default.yaml", "sample.yaml"), ("smollm2.yaml", "tickets.yaml")):
         cfg = load_config(REPO_ROOT / "configs" / config, environ={})
         assert cfg.resolve(cfg.evaluation.behaviour_suite) == SUITES / suite
         load_suite(cfg.resolve(cfg.evaluation.behaviour_suite))
