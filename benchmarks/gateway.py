@@ -94,6 +94,7 @@ from components.formatting import context_window  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
 
 HIT_RATE = 0.4
+# The moderation benchmark's texts: the team's real labelled set when it is there (test data).
 INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"
 
 
@@ -392,19 +393,13 @@ def main() -> None:
 
 
 def train_filter(env: dict, method: str | None = None) -> bool:
-    """`tuneloop filter train` on the injection set into env's TUNELOOP_HOME (registered and
-    promoted, as a user does it); False (rules only) where the set is absent."""
-    if not INJECTIONS.exists():
-        print(f"{INJECTIONS} absent: the filter runs its rules only", flush=True)
-        return False
+    """`tuneloop filter train` on its default set (the one the project generates, what a user's
+    clone trains) into env's TUNELOOP_HOME, registered and promoted as a user does it."""
     print(f"training the filter classifier ({method or 'the shipped method'})...", flush=True)
     t = time.perf_counter()
-    training = {"train_path": str(INJECTIONS)}
-    if method:
-        training["params"] = {"method": method}
+    extra = {"TUNELOOP__GATEWAY__FILTER_TRAINING__PARAMS": json.dumps({"method": method})} if method else {}
     out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json"],
-                         env={**env, "TUNELOOP__GATEWAY__FILTER_TRAINING": json.dumps(training)},
-                         capture_output=True, text=True, cwd=ROOT)
+                         env={**env, **extra}, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"filter train failed:\n{(out.stdout + out.stderr)[-3000:]}")
     print(f"  trained and promoted in {time.perf_counter() - t:.0f} s", flush=True)
@@ -456,7 +451,7 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
     each request's hit right after its miss (the server still finishing the miss's work: its
     log record, the engine's threads), then, after a pause, the same hits back to back on a
     quiet server (a hit's own time). Not after idle gaps: on this VM an idle process's
-    wake-up alone costs milliseconds (benchmarks/README.md)."""
+    wake-up alone costs milliseconds (docs/benchmarks.md)."""
     client = Client(url, headers)
     after_miss: dict[str, list[float]] = {"client": [], "server": []}  # seconds, as percentiles() takes them
     back_to_back: dict[str, list[float]] = {"client": [], "server": []}

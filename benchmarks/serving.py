@@ -53,7 +53,7 @@ driven through /v1/chat/completions with stream=true and stream_options.include_
 Noise: other processes share the cores. Before each system the benchmark waits (up to
 --wait-quiet seconds) for them to go quiet, and every run prints the CPU the server, the
 client and all other processes used meanwhile: a run where others took a core is not
-comparable. benchmarks/README.md has measured numbers and what they mean.
+comparable. docs/benchmarks.md has measured numbers and what they mean.
 """
 
 from __future__ import annotations

@@ -435,8 +435,8 @@ class FilterConfig(Section):
     # What a flag of the classifier alone (no rule matched) does to a prompt or an answer:
     # block (400 content_filter) or annotate (counted, logged, reported by /v1/moderations;
     # the request goes on). block by default: trained on the generated set (data/injections),
-    # it flagged none of the filter flow's everyday prompts and 4 of the 343 benign prompts of
-    # a real labelled set it never saw (README: the content filter); its blessing requires
+    # it flagged none of the filter flow's everyday prompts and 5 of the 343 benign prompts of
+    # a real labelled set it never saw (docs/gateway.md: the content filter); its blessing requires
     # everyday_fpr <= 0.1, so a classifier that flags ordinary traffic is never promoted.
     classifier_action: Switch("block", "annotate") = "block"
     # Answers are checked by the rules; by the classifier too only when this is on (it is a
@@ -688,7 +688,7 @@ class ServingConfig(Section):
     warmup_requests: int = Field(12, ge=0)
     # torch intra-op threads (of the engine's process with engine_process). None: torch's
     # default, every core. Leaving a core to the server's process was measured and lost
-    # (benchmarks/README.md: the engine in its own process).
+    # (docs/benchmarks.md: the engine in its own process).
     num_threads: int | None = Field(None, ge=1)
     # slots engine on a CPU: its steps and the content filter's encoder batches take turns on
     # the cores instead of running side by side (components/cpu_turns.py says why).

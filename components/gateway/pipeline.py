@@ -7,10 +7,11 @@
 
 GatewayMiddleware (pure ASGI, in front of every /v1 route) does the first two and puts a
 RequestGate on the request's state; the OpenAI routes (components/serving/openai_api.py)
-call the gate for the rest. Everything runs in the server's process and event loop: no
-extra network hop but Redis, and heavy work (Presidio, the classifier) in worker threads
-with deadlines. Every failure of a safety step refuses the request (fails closed); only
-the cache and, in `open` mode, the shared limits degrade when Redis is away.
+call the gate for the rest. The gate runs on the server's event loop: no extra network hop
+but Redis; the heavy work (Presidio, the classifier) runs in the checks' own process
+(gateway.checks_in: process, the default: guard_process.py, each tenant's calls in turn) or in
+worker threads, with deadlines. Every failure of a safety step refuses the request (fails
+closed); only the cache and, in `open` mode, the shared limits degrade when Redis is away.
 """
 
 from __future__ import annotations

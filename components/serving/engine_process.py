@@ -6,7 +6,7 @@ limits and checks, the request log) share one GIL. On a small model a decoding s
 mostly Python between short tensor calls, so every bit of Python the event loop runs delays
 the engine's next call: on the 1.4M demo model the gateway cost 7-15 % of the output
 tokens/s with the engine on a thread, and 1-2 % with it in its own process (gateway on/off
-0.986 in one run; benchmarks/README.md). Apart, the engine's process runs its steps while
+0.986 in one run; docs/benchmarks.md). Apart, the engine's process runs its steps while
 the server's process runs everything else.
 
 How: the server's process keeps the tokenizer (load_tokenizer) and everything in front of

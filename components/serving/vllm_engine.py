@@ -1,6 +1,6 @@
 """The "vllm" engine: vLLM's OpenAI server as the bento's generation process.
 
-Where vLLM is the better engine (GPU hosts; on this CPU, real models: benchmarks/README.md),
+Where vLLM is the better engine (GPU hosts; on this CPU, real models: docs/benchmarks.md),
 tuneloop keeps everything in front of the engine -- its routes, parameter checks, chat
 template, stop strings, admission, deadlines, metrics, and later the gateway and request
 log -- and hands the generation itself to vLLM. vLLM runs as a child process in its own
