@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -258,7 +259,8 @@ class GuardProcess:
                "TOKENIZERS_PARALLELISM": "false"}
         try:
             proc = subprocess.Popen([sys.executable, "-m", "components.gateway.guard_process", json.dumps(self.spec)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
         except OSError as exc:
             return self._start_failed(f"{type(exc).__name__}: {exc}")
         line = _read_line(proc, self.start_timeout_s)
@@ -436,6 +438,11 @@ def _serve(spec: dict, stdin, stdout) -> None:
 
 
 def _main() -> None:  # pragma: no cover - runs in the child (tested through GuardProcess)
+    # The server drains on SIGTERM and still needs its checks for the streams in flight: the
+    # child lives in a session of its own and ignores the stop signals; it exits when its
+    # parent closes stdin (or dies: the pipe closes then too).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = sys.stdout.buffer
     try:
         spec = json.loads(sys.argv[1])
