@@ -102,9 +102,41 @@ class Directional(_Case):
 Case = Annotated[Union[MinimumFunctionality, Invariance, Directional], Field(discriminator="kind")]
 
 
+class Recognise(_Strict):
+    """How a suite tells that an eval split is of its task: a row is the task's when its prompt
+    matches `prompt_pattern` (a regex, searched) and, if `answers` is given, its reference is
+    one of them (compared as exact match compares); the suite runs when at least `min_share`
+    of the rows are."""
+
+    prompt_pattern: str | None = None
+    answers: list[str] | None = None
+    min_share: float = Field(0.5, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _something(self) -> "Recognise":
+        if self.prompt_pattern is None and not self.answers:
+            raise ValueError("recognise needs prompt_pattern and/or answers")
+        if self.prompt_pattern is not None:
+            import re
+
+            try:
+                re.compile(self.prompt_pattern)
+            except re.error as exc:
+                raise ValueError(f"prompt_pattern is not a valid regex: {exc}") from None
+        return self
+
+
+class SuiteTask(_Strict):
+    name: str  # "support-ticket routing", "review sentiment"
+    recognise: Recognise
+
+
 class BehaviourSuite(_Strict):
     name: str | None = None
     description: str | None = None
+    # The task the suite tests. A run whose eval split is of another task skips the suite, with
+    # the reason, instead of failing on cases it was never meant to answer. None: always runs.
+    task: SuiteTask | None = None
     format: Literal["chat", "legacy"] = "chat"
     system: str | None = None
     templates: dict[str, str] = {}
@@ -345,6 +377,63 @@ def score_suite(suite: BehaviourSuite, answer: Callable[[list[Example]], list[st
             metrics[f"behaviour_{kind}"] = sum(of_kind) / len(of_kind)
     metrics["behaviour_cases"] = float(len(results))
     return BehaviourResult(suite=suite.name or "(unnamed)", metrics=metrics, cases=results)
+
+
+def applies(suite: BehaviourSuite, examples: list[Example]) -> tuple[bool, str]:
+    """(does the suite's task match this eval split, why): see Recognise."""
+    import re
+
+    if suite.task is None:
+        return True, "the suite declares no task: it runs on every dataset"
+    if not examples:
+        return False, "the eval split is empty"
+    rec = suite.task.recognise
+    pattern = re.compile(rec.prompt_pattern) if rec.prompt_pattern else None
+    answers = {normalise(a) for a in rec.answers or []}
+    hits = sum(1 for ex in examples
+               if (pattern is None or pattern.search(ex.prompt_text or ""))
+               and (not answers or normalise(ex.completion) in answers))
+    share = hits / len(examples)
+    what = " and ".join(filter(None, [f"prompts match {rec.prompt_pattern!r}" if pattern else "",
+                                      f"answers are among its {len(answers)}" if answers else ""]))
+    verdict = (f"{hits} of {len(examples)} eval rows ({share:.0%}) look like {suite.task.name} ({what}; "
+               f"{rec.min_share:.0%} needed)")
+    return share >= rec.min_share, verdict
+
+
+def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str], cfg: EvaluationConfig,
+               examples: list[Example]) -> dict[str, Any]:
+    """Every suite whose task the eval split `examples` is of, on one model, as one result dict
+    (BehaviourResult.to_dict() shape: the cases of all suites that ran, their metrics pooled,
+    behaviour_pass_rate/suite:<name> per suite) plus "skipped": [{suite, reason}] and "ran":
+    [{suite, reason}]. No suite ran: no behaviour_* metrics (blessing skips their thresholds)."""
+    from components.evaluation import _metric_key, generate_answers, load_for_eval
+
+    loaded = [s if isinstance(s, BehaviourSuite) else load_suite(s) for s in suites]
+    chosen, skipped, ran = [], [], []
+    for suite in loaded:
+        ok, why = applies(suite, examples)
+        (ran if ok else skipped).append({"suite": suite.name or "(unnamed)", "reason": why})
+        if ok:
+            chosen.append(suite)
+    out: dict[str, Any] = {"suite": ", ".join(r["suite"] for r in ran) or "(none ran)", "metrics": {},
+                           "by_task": {}, "failures": [], "cases": [], "skipped": skipped, "ran": ran}
+    if not chosen:
+        return out
+    model, tokenizer = load_for_eval(model_ref)
+    results = [score_suite(s, lambda exs: generate_answers(model, tokenizer, exs, cfg)) for s in chosen]
+    cases = [c for r in results for c in r.cases]
+    pooled = BehaviourResult(suite=out["suite"], metrics={}, cases=cases)
+    pooled.metrics["behaviour_pass_rate"] = sum(c.passed for c in cases) / len(cases)
+    for kind in KINDS:
+        of_kind = [c.passed for c in cases if c.kind == kind]
+        if of_kind:
+            pooled.metrics[f"behaviour_{kind}"] = sum(of_kind) / len(of_kind)
+    pooled.metrics["behaviour_cases"] = float(len(cases))
+    if len(results) > 1:
+        for r in results:
+            pooled.metrics[f"behaviour_pass_rate/suite:{_metric_key(r.suite)}"] = r.metrics["behaviour_pass_rate"]
+    return {**pooled.to_dict(), "skipped": skipped, "ran": ran}
 
 
 def run_suite(model_ref: str | Path, suite: BehaviourSuite | Path | str, cfg: EvaluationConfig) -> BehaviourResult:

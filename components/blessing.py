@@ -122,11 +122,14 @@ def bless(
     baseline: dict[str, float] | None,
     thresholds: list[MetricThreshold],
     baseline_version: str | None = None,
+    not_applicable: dict[str, str] | None = None,
 ) -> Blessing:
     """Decide whether `candidate` may replace the champion whose metrics are `baseline`.
 
     baseline None means there is no champion yet. Every threshold is checked (no early
-    exit) so the reasons list says everything that is wrong at once.
+    exit) so the reasons list says everything that is wrong at once. not_applicable: metric
+    name prefix -> why no metric of that kind exists for this run (every behaviour suite is of
+    another task): a threshold on such a missing metric is SKIP with that reason, not FAIL.
     """
     thresholds = [t if isinstance(t, MetricThreshold) else MetricThreshold.model_validate(t) for t in thresholds]
     deltas = metric_deltas(candidate, baseline) if baseline is not None else {}
@@ -144,6 +147,10 @@ def bless(
             record(m, "config", "FAIL", f"{m}: threshold sets neither value_threshold nor change_threshold")
             continue
         if m not in candidate:
+            why = next((r for prefix, r in (not_applicable or {}).items() if m.startswith(prefix)), None)
+            if why is not None:
+                record(m, "missing", "SKIP", f"{m}: not measured for this run: {why}")
+                continue
             have = ", ".join(sorted(candidate)) or "none"
             hint = (" -- behaviour_* metrics come from evaluation.behaviour_suite, behaviour_<kind> only when "
                     "the suite has cases of that kind" if m.startswith("behaviour_") else "")

@@ -399,9 +399,20 @@ def _print_training_summary(summary: dict) -> None:
     table.add_column("challenger", justify="right")
     table.add_column("base", justify="right")
     for key, value in ch["metrics"].items():
+        if "/" in key:  # per template / label / suite: in the report
+            continue
         base = summary["base"].get(key)
         table.add_row(key, f"{value:.4f}", f"{base:.4f}" if base is not None else "-")
     console.print(table)
+    for skip in summary.get("behaviour_skipped") or []:
+        console.print(f"behaviour suite {skip['suite']} skipped: {skip['reason']}")
+    wrong = summary.get("wrong_answers") or []
+    if wrong:
+        console.print(f"first wrong answers of {ch['name']} (all rows: {summary.get('report', 'the run report')}):")
+        for row in wrong:
+            console.print(f"  {row['id']}: expected {row['expected']!r}, got {row['generated']!r}", markup=False)
+    for note in summary.get("recipe_notes") or []:
+        console.print(f"recipe: {note}", markup=False)
     verdict = "[green]BLESSED[/]" if summary["blessed"] else "[yellow]not blessed[/]"
     console.print(f"decision: {verdict}")
     for reason in summary["reasons"]:

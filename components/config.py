@@ -172,7 +172,20 @@ class LoraConfig(Section):
     r: int = Field(8, ge=1)
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    target_modules: list[str] | None = None  # None: peft's default for the architecture
+    # None: peft's default for the architecture (attention only); "all-linear": every linear
+    # layer but the output head (attention and MLP), what the auto recipe picks.
+    target_modules: list[str] | Literal["all-linear"] | None = None
+
+
+class EarlyStoppingConfig(Section):
+    """Evaluation during training (every training.save_steps) on the eval split's loss."""
+
+    # Stop after this many evaluations in a row without a lower eval loss (by more than
+    # min_delta). None: train every step.
+    patience: int | None = Field(None, ge=1)
+    min_delta: float = Field(0.0, ge=0.0)
+    # Keep the checkpoint with the lowest eval loss as the model, not the last one.
+    keep_best: bool = False
 
 
 class TrainingK8sConfig(Section):
@@ -213,6 +226,16 @@ class TrainingConfig(Section):
     launcher: Literal["deepspeed", "torchrun"] = "torchrun"
     # A DeepSpeed JSON (configs/deepspeed/zero{1,2,3}.json); None trains without DeepSpeed.
     deepspeed_config: Path | None = Path("configs/deepspeed/zero2.json")
+    # manual: the values below as written. auto (OpenAI-style; configs/smollm2.yaml): steps from
+    # the dataset's size, a learning rate and LoRA targets by measured rules, evaluation during
+    # training with early stopping and the best checkpoint kept (components/training/recipe.py);
+    # every value this file sets explicitly still wins, and the choices and why go to the lineage.
+    recipe: Literal["manual", "auto"] = "manual"
+    # auto: the most optimizer steps it may choose (the time a run may take: ~8.6 s a step for
+    # SmolLM2 LoRA on 2 CPU cores), and how many candidates over learning rate to train (1: no search).
+    recipe_max_steps: int = Field(400, ge=1)
+    recipe_search: int = Field(1, ge=1, le=6)
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
     max_steps: int = Field(300, ge=1)
     per_device_batch_size: int = Field(8, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -262,10 +285,21 @@ class EvaluationConfig(Section):
     max_new_tokens: int = Field(32, ge=1)
     batch_size: int = Field(16, ge=1)
     max_examples: int | None = Field(None, ge=1)  # None: the whole eval split
-    # A behavioural test suite (YAML; components/behaviour.py, configs/behaviour/) run on
-    # every evaluated model: its behaviour_* metrics join the eval metrics, so blessing
-    # thresholds can name them. None: no behavioural tests.
+    # Behavioural test suites (YAML; components/behaviour.py, configs/behaviour/) run on every
+    # evaluated model: their behaviour_* metrics join the eval metrics, so blessing thresholds
+    # can name them. A suite that declares its task runs only on an eval split of that task
+    # (another task's run skips it, with the reason, and skips thresholds on behaviour_*).
+    # behaviour_suite (one) and behaviour_suites (several) add up; neither: no behavioural tests.
     behaviour_suite: Path | None = None
+    behaviour_suites: list[Path] = []
+    # Row fields that name a prompt's template and its class: per-template and per-label label
+    # accuracy, and the per-template majority baseline (components/evaluation.py).
+    template_field: str = "template"
+    label_field: str = "label"
+
+    @property
+    def suites(self) -> list[Path]:
+        return ([self.behaviour_suite] if self.behaviour_suite is not None else []) + list(self.behaviour_suites)
 
 
 class ValueThreshold(Section):
@@ -904,7 +938,7 @@ def load_config(path: Path | str | None = None, environ: dict[str, str] | None =
         raise ConfigError(message + (f"\n  (set by {', '.join(named)})" if named else "")) from None
     # Said now, not after a training run whose blessing could only fail on a missing metric.
     behavioural = [t.metric for t in cfg.blessing.thresholds if t.metric.startswith("behaviour_")]
-    if behavioural and cfg.evaluation.behaviour_suite is None:
+    if behavioural and not cfg.evaluation.suites:
         raise ConfigError(
             f"{where}: blessing.thresholds name {', '.join(behavioural)} but evaluation.behaviour_suite "
             "is not set: name a suite file (configs/behaviour/) or drop those thresholds"

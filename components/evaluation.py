@@ -11,12 +11,25 @@ otherwise -- a sample of 50 rows decides nothing):
    exact match, SQuAD-style token F1, ROUGE-L F. Plus speed: ms per generated token and
    generated tokens per second, measured over the generate calls only.
 
+For short-label tasks (classification in words: "Billing", "Science and technology") a score
+needs its floor beside it and a cause when it is low:
+- label_accuracy: the answer's first line against the reference, both normalised (NFKC,
+  casefold, whitespace, end markers, punctuation at either end), so "billing." and an answer
+  whose first line is "Billing" count and "Bill" does not;
+- majority_label: what always answering the eval split's commonest reference scores, and
+  majority_label_per_template (each template's commonest) where the rows name a template;
+- label_accuracy/template:<t> and label_accuracy/label:<l> where the rows carry those fields
+  (the source file's `template` / `label` columns, kept in Example.extra; evaluation.template_field
+  and label_field name others);
+- every row's prediction (EvalRow), which the flow writes as an artifact.
+
 The metric functions are small and dependency-free, so their behaviour is pinned by tests.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 import unicodedata
 from collections import Counter
@@ -60,6 +73,57 @@ def answer_tokens(text: str) -> list[str]:
 
 def exact_match(prediction: str, reference: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(reference))
+
+
+END_MARKERS = ("<|im_end|>", "<|endoftext|>", "</s>", "<eos>", "<|eot_id|>", "<|end|>")
+
+
+def normalize_label(text: str) -> str:
+    """A short label as a person reads it: NFKC, end markers cut, the first non-empty line,
+    casefolded, whitespace collapsed, punctuation stripped at both ends."""
+    text = unicodedata.normalize("NFKC", text)
+    for marker in END_MARKERS:
+        text = text.split(marker, 1)[0]
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    words = " ".join(line.casefold().split())
+    start, end = 0, len(words)
+    while start < end and (_is_punct(words[start]) or words[start].isspace()):
+        start += 1
+    while end > start and (_is_punct(words[end - 1]) or words[end - 1].isspace()):
+        end -= 1
+    return words[start:end]
+
+
+def label_match(prediction: str, reference: str) -> float:
+    return float(normalize_label(prediction) == normalize_label(reference))
+
+
+def _metric_key(value: Any) -> str:
+    """A row field's value as part of an MLflow metric name (alphanumerics, _ - . : / and space)."""
+    return re.sub(r"[^A-Za-z0-9_.\- ]+", "_", str(value)).strip()[:60] or "_"
+
+
+def label_metrics(rows: list["EvalRow"]) -> dict[str, float]:
+    """majority_label(_per_template) and per-template / per-label accuracy (see the module doc)."""
+    if not rows:
+        return {}
+    refs = [normalize_label(r.reference) for r in rows]
+    out = {"majority_label": Counter(refs).most_common(1)[0][1] / len(rows)}
+    by_template: dict[str, list[EvalRow]] = {}
+    by_label: dict[str, list[EvalRow]] = {}
+    for r in rows:
+        if r.template is not None:
+            by_template.setdefault(str(r.template), []).append(r)
+        if r.label is not None:
+            by_label.setdefault(str(r.label), []).append(r)
+    if by_template:
+        out["majority_label_per_template"] = sum(
+            Counter(normalize_label(r.reference) for r in group).most_common(1)[0][1]
+            for group in by_template.values()) / len(rows)
+    for kind, groups in (("template", by_template), ("label", by_label)):
+        for name, group in sorted(groups.items()):
+            out[f"label_accuracy/{kind}:{_metric_key(name)}"] = sum(r.label_match for r in group) / len(group)
+    return out
 
 
 def token_f1(prediction: str, reference: str) -> float:
@@ -111,6 +175,9 @@ class EvalRow:
     f1: float
     rouge_l: float
     generated_tokens: int
+    label_match: float = 0.0
+    template: str | None = None  # the row's `template` field, if it has one
+    label: str | None = None  # the row's `label` field (the class behind the answer's wording)
 
 
 @dataclass
@@ -121,6 +188,18 @@ class EvalResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model_ref": self.model_ref, "metrics": self.metrics, "rows": [asdict(r) for r in self.rows]}
+
+
+def _field(ex: Example, name: str) -> str | None:
+    value = (ex.extra or {}).get(name)
+    return None if value is None or isinstance(value, (dict, list)) else str(value)
+
+
+def predictions(result: "EvalResult") -> list[dict[str, Any]]:
+    """One record per eval row: what the predictions artifact holds."""
+    return [{"id": r.id, "template": r.template, "label": r.label, "expected": r.reference,
+             "generated": r.generation, "exact_match": bool(r.em), "label_match": bool(r.label_match)}
+            for r in result.rows]
 
 
 # ---- model loading -------------------------------------------------------------------
@@ -294,6 +373,7 @@ def evaluate_model(
         rows.append(EvalRow(
             id=ex.example_id, prompt=prompt_text(ex, tokenizer), reference=ref, generation=gen,
             em=exact_match(gen, ref), f1=token_f1(gen, ref), rouge_l=rouge_l(gen, ref), generated_tokens=n,
+            label_match=label_match(gen, ref), template=_field(ex, cfg.template_field), label=_field(ex, cfg.label_field),
         ))
     mean_loss = loss_sum / loss_tokens if loss_tokens else math.nan
     generated = sum(counts)
@@ -303,6 +383,7 @@ def evaluate_model(
         "exact_match": sum(r.em for r in rows) / len(rows),
         "token_f1": sum(r.f1 for r in rows) / len(rows),
         "rouge_l": sum(r.rouge_l for r in rows) / len(rows),
+        "label_accuracy": sum(r.label_match for r in rows) / len(rows),
         "ms_per_token": 1000 * seconds / generated if generated else math.nan,
         "tokens_per_second": generated / seconds if seconds > 0 else math.nan,
         "num_examples": float(len(rows)),
@@ -310,5 +391,6 @@ def evaluate_model(
         "generated_tokens": float(generated),
         # Examples longer than the context: their prompt lost its beginning (both passes).
         "prompts_truncated": float(len(truncated | loss_cut)),
+        **label_metrics(rows),
     }
     return EvalResult(model_ref=str(model_ref), metrics=metrics, rows=rows)

@@ -8,6 +8,9 @@
 - behaviour.json (when a behaviour suite ran, components/behaviour.py): every model's
   behavioural results, each case with its prompts and answers; summary.md lists the
   challenger's failing cases.
+- predictions/<model>.jsonl: every eval row's expected and generated answer, per model
+  (components.evaluation.predictions), redacted by components.privacy; summary.md shows the
+  challenger's wrong answers first beside what the base and the champion answered.
 
 The flow logs these files to MLflow and publishes them as Prefect artifacts.
 """
@@ -23,7 +26,8 @@ from components.blessing import Blessing
 
 # Shown first and in this order; any other numeric metric follows alphabetically.
 METRIC_ORDER = [
-    "exact_match", "token_f1", "rouge_l", "behaviour_pass_rate", "behaviour_mft", "behaviour_inv", "behaviour_dir",
+    "exact_match", "label_accuracy", "majority_label", "majority_label_per_template", "token_f1", "rouge_l",
+    "behaviour_pass_rate", "behaviour_mft", "behaviour_inv", "behaviour_dir",
     "eval_loss", "perplexity", "ms_per_token", "tokens_per_second",
 ]
 # Bookkeeping counts: in the table, not worth a plot panel.
@@ -47,8 +51,11 @@ def _points(history: Any) -> list[tuple[float, float]]:
     return points
 
 
-def _metric_names(table: dict[str, dict[str, float]]) -> list[str]:
-    present = {m for metrics in table.values() for m, v in metrics.items() if isinstance(v, (int, float))}
+def _metric_names(table: dict[str, dict[str, float]], breakdown: bool = False) -> list[str]:
+    """The table's metrics in reading order; breakdown: only the per-template / per-label ones
+    (names with a "/"), which are otherwise left out."""
+    present = {m for metrics in table.values() for m, v in metrics.items()
+               if isinstance(v, (int, float)) and ("/" in m) == breakdown}
     return [m for m in METRIC_ORDER if m in present] + sorted(present - set(METRIC_ORDER))
 
 
@@ -62,10 +69,10 @@ def _cell(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, (int, float)) else str(v)
 
 
-def metrics_markdown(table: dict[str, dict[str, float]]) -> str:
+def metrics_markdown(table: dict[str, dict[str, float]], breakdown: bool = False) -> str:
     labels = list(table)
     lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for m in _metric_names(table):
+    for m in _metric_names(table, breakdown):
         arrow = " ↓" if m in LOWER_IS_BETTER else ""
         lines.append(f"| {m}{arrow} | " + " | ".join(_cell(table[label].get(m)) for label in labels) + " |")
     return "\n".join(lines)
@@ -102,6 +109,65 @@ def behaviour_markdown(behaviour: dict[str, dict[str, Any]], challenger: str | N
                    + (f", expected `{_one_line(a['expected'], 60)}`" if a["expected"] is not None else "")
                    for a in wrong or case["answers"]]
         md.append("")
+    return md
+
+
+SHOWN_WRONG = 20  # wrong answers in summary.md; every row is in predictions/*.jsonl
+
+
+def _safe_name(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label).strip("_") or "model"
+
+
+def write_predictions(out: Path, predictions: dict[str, list[dict[str, Any]]]) -> dict[str, Path]:
+    """predictions/<model>.jsonl, every text redacted (components.privacy.redact)."""
+    from components.privacy import redact
+
+    folder = out / "predictions"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for label, rows in predictions.items():
+        path = folder / f"{_safe_name(label)}.jsonl"
+        with path.open("w") as f:
+            for row in rows:
+                row = {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in row.items()}
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        paths[label] = path
+    return paths
+
+
+def predictions_markdown(predictions: dict[str, list[dict[str, Any]]], challenger: str | None,
+                         limit: int = SHOWN_WRONG) -> list[str]:
+    """The challenger's wrong answers first (up to `limit`), each beside the other models'
+    answers to the same row; then how many each model got wrong."""
+    from components.privacy import redact
+
+    labels = list(predictions)
+    first = challenger if challenger in predictions else labels[-1]
+    others = [label for label in labels if label != first]
+    by_id = {label: {r["id"]: r for r in rows} for label, rows in predictions.items()}
+    wrong = [r for r in predictions[first] if not r["label_match"]]
+    md = ["## Predictions", "",
+          "Wrong answers (label match: first line, case, spaces and end punctuation aside): "
+          + ", ".join(f"{label} {sum(not r['label_match'] for r in rows)} of {len(rows)}"
+                      for label, rows in predictions.items())
+          + ". Every row of every model is in predictions/*.jsonl.", ""]
+    if not wrong:
+        return md + [f"{first} answered every row right.", ""]
+    md += [f"### {first}'s wrong answers (first {min(limit, len(wrong))} of {len(wrong)})", "",
+           "| row | expected | " + " | ".join([first, *others]) + " |", "|---|---|" + "---|" * (1 + len(others))]
+
+    def cell(row: dict[str, Any] | None) -> str:
+        if row is None:
+            return "–"
+        text = _one_line(redact(row["generated"]), 60).replace("|", "\\|") or "(empty)"
+        return f"`{text}`" + ("" if row["label_match"] else " ✗")
+
+    for r in wrong[:limit]:
+        where = r["id"] + (f" ({r['template']})" if r.get("template") else "")
+        md.append(f"| {_one_line(where, 100)} | `{_one_line(redact(r['expected']), 40)}` | "
+                  + " | ".join(cell(by_id[label].get(r["id"])) for label in [first, *others]) + " |")
+    md.append("")
     return md
 
 
@@ -155,6 +221,8 @@ def write_report(
     title: str = "tuneloop run report",
     behaviour: dict[str, dict[str, Any]] | None = None,
     challenger: str | None = None,
+    predictions: dict[str, list[dict[str, Any]]] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Path]:
     """Write summary.md, training_loss.png and metrics_comparison.png into out_dir.
 
@@ -163,8 +231,11 @@ def write_report(
     e.g. {"challenger": ..., "champion": ..., "base": ..., "candidate lr=3e-3": ...}.
     behaviour: {model label: BehaviourResult.to_dict()}, written to behaviour.json; the
     summary lists the failing cases of `challenger` (a label of it), else of every model.
+    predictions: {model label: components.evaluation.predictions(...)}, written to
+    predictions/*.jsonl and summarised (wrong answers first). notes: lines for a "Run" section
+    (e.g. the recipe's choices and the kept checkpoint).
     Returns {"summary": path, "training_loss": path, "metrics_comparison": path} (and
-    "behaviour": path with behaviour).
+    "behaviour": path with behaviour, "predictions:<label>": path per model).
     """
     import matplotlib
 
@@ -197,6 +268,13 @@ def write_report(
         md += [f"- {r}" for r in blessing.reasons] or ["- (none)"]
         md.append("")
     md += ["## Metrics", "", metrics_markdown(metrics_table) if metrics_table else "(no metrics)", ""]
+    if metrics_table and _metric_names(metrics_table, breakdown=True):
+        md += ["### Per template and per label (label accuracy)", "", metrics_markdown(metrics_table, breakdown=True), ""]
+    if notes:
+        md += ["## Run", "", *[f"- {line}" for line in notes], ""]
+    if predictions:
+        md += predictions_markdown(predictions, challenger)
+        paths.update({f"predictions:{label}": p for label, p in write_predictions(out, predictions).items()})
     finals = {label: _points(h)[-1][1] for label, h in histories.items() if _points(h)}
     if finals:
         md += ["## Training", "", "| run | final training loss |", "|---|---|"]

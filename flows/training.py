@@ -21,6 +21,11 @@ from prefect.cache_policies import NO_CACHE
 from components.config import TuneloopConfig, load_config
 
 
+# training keys logged as trained.* params of each candidate (its schedule, however chosen)
+RECIPE_KEYS = ("max_steps", "learning_rate", "save_steps", "warmup_ratio", "per_device_batch_size", "lora",
+               "early_stopping", "method")
+
+
 class ValidationFailed(Exception):
     """The data gate failed; the flow stops before training."""
 
@@ -69,22 +74,30 @@ def train_candidate(spec, k8s=None):
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> dict[str, Any]:
-    from components.evaluation import evaluate_model
+def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> tuple[dict[str, Any], list[dict]]:
+    """(metrics, predictions): every eval row's expected and generated answer."""
+    from components.evaluation import evaluate_model, predictions
 
     result = evaluate_model(model_ref, examples, cfg.evaluation, progress=False)
-    get_run_logger().info("%s: %s", label, json.dumps(result.metrics, default=float))
-    return result.metrics
+    get_run_logger().info("%s: %s", label, json.dumps(
+        {k: v for k, v in result.metrics.items() if "/" not in k}, default=float))
+    return result.metrics, predictions(result)
 
 
 @task(cache_policy=NO_CACHE)
-def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str) -> dict[str, Any]:
-    """The behavioural suite (evaluation.behaviour_suite) on one model: BehaviourResult.to_dict()."""
-    from components.behaviour import run_suite
+def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str, examples) -> dict[str, Any]:
+    """The behavioural suites (evaluation.behaviour_suite(s)) whose task the eval split is of,
+    on one model: components.behaviour.run_suites' dict (with the skipped suites and why)."""
+    from components.behaviour import run_suites
 
-    result = run_suite(model_ref, cfg.resolve(cfg.evaluation.behaviour_suite), cfg.evaluation)
-    get_run_logger().info("%s: %s", label, result.summary())
-    return result.to_dict()
+    result = run_suites(model_ref, [cfg.resolve(p) for p in cfg.evaluation.suites], cfg.evaluation, examples)
+    for skip in result["skipped"]:
+        get_run_logger().info("%s: behaviour suite %s skipped: %s", label, skip["suite"], skip["reason"])
+    if result["ran"]:
+        passed = len(result["cases"]) - len(result["failures"])
+        get_run_logger().info("%s: behaviour suites %s: %d/%d passed", label, result["suite"], passed,
+                              len(result["cases"]))
+    return result
 
 
 @task(cache_policy=NO_CACHE)
@@ -101,7 +114,7 @@ def champion_snapshot(cfg: TuneloopConfig):
 
 @task(cache_policy=NO_CACHE)
 def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics,
-                       champion_version, tags):
+                       champion_version, tags, not_applicable=None):
     """Register the challenger and record the TFX-style blessing on its version."""
     from components.blessing import bless
     from components.registry import ModelRegistry
@@ -109,7 +122,8 @@ def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics
     registry = ModelRegistry.from_config(cfg)
     version = registry.register(run_id, model_dir, tags=tags)
     registry.set_challenger(version)
-    blessing = bless(metrics, champion_metrics, cfg.blessing.thresholds, baseline_version=champion_version)
+    blessing = bless(metrics, champion_metrics, cfg.blessing.thresholds, baseline_version=champion_version,
+                     not_applicable=not_applicable)
     registry.record_blessing(version, blessing)
     return version, blessing
 
@@ -128,6 +142,13 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
     except PromotionConflict as exc:  # someone else promoted meanwhile: never double-promote
         get_run_logger().warning("promotion refused: %s", exc)
         return None, str(exc)
+
+
+def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
+    from components.privacy import redact
+
+    return [{"id": r["id"], "expected": redact(r["expected"]), "generated": redact(r["generated"])}
+            for r in rows if not r["label_match"]][:limit]
 
 
 @flow(name="training", log_prints=True)
@@ -164,13 +185,14 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         metrics_table: dict[str, dict] = {}
         histories: dict[str, list] = {}
         behaviour: dict[str, dict] = {}  # model label -> behavioural results, for the report
+        predictions: dict[str, list] = {}  # model label -> every eval row's answer, for the report
 
         def assess(model_ref: str, label: str) -> dict[str, Any]:
-            """Eval-split metrics, plus the behaviour_* metrics when a suite is configured, so
+            """Eval-split metrics, plus the behaviour_* metrics when a suite of this task ran, so
             selection, blessing thresholds and MLflow see them like any other metric."""
-            metrics = evaluate(cfg, model_ref, prepared.eval, label)
-            if cfg.evaluation.behaviour_suite is not None:
-                behaviour[label] = check_behaviour(cfg, model_ref, label)
+            metrics, predictions[label] = evaluate(cfg, model_ref, prepared.eval, label)
+            if cfg.evaluation.suites:
+                behaviour[label] = check_behaviour(cfg, model_ref, label, prepared.eval)
                 metrics = {**metrics, **behaviour[label]["metrics"]}
             return metrics
 
@@ -191,6 +213,17 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
                 for step, loss in histories[spec.name]:
                     mlflow.log_metric("train_loss", loss, step=int(step))
                 mlflow.log_params({f"candidate.{k}": v for k, v in spec.overrides.items()} or {"candidate": "default"})
+                trained = result.train_result
+                # The schedule this candidate really ran (training.recipe auto chooses it), what
+                # was chosen and why, and which checkpoint became the model.
+                mlflow.log_params({"recipe": cfg.training.recipe, **{
+                    f"trained.{k}": json.dumps(v) if isinstance(v, (dict, list)) else v
+                    for k, v in spec.training.items() if k in RECIPE_KEYS}})
+                if trained.get("notes"):
+                    mlflow.log_text("\n".join(trained["notes"]) + "\n", "lineage/recipe.txt")
+                for k in ("best_step", "best_eval_loss", "last_eval_loss", "global_step"):
+                    if trained.get(k) is not None:
+                        mlflow.log_metric(f"training.{k}", float(trained[k]))
                 metrics = assess(str(result.model_dir), spec.name)
                 mlflow.log_metrics(metrics)
                 metrics_table[spec.name] = metrics
@@ -203,18 +236,22 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
         mlflow.log_metrics({f"challenger.{k}": v for k, v in metrics.items()})
 
         champion_metrics = metrics_table.get(f"champion v{champion_version}") if champion_version else None
+        skipped = behaviour.get(spec.name, {}).get("skipped", [])
+        not_applicable = ({"behaviour_": "; ".join(f"suite {x['suite']} skipped: {x['reason']}" for x in skipped)}
+                          if skipped and not behaviour[spec.name]["ran"] else None)
         version, blessing = register_and_bless(
             cfg, child_run, str(result.model_dir), metrics, champion_metrics, champion_version,
-            {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id},
+            {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id}, not_applicable,
         )
         # What the monitoring flow compares served prompts with, kept with this version.
         from components.monitoring.reference import log_reference
 
         log_reference(child_run, prepared.train, cfg.monitoring.drift.reference_rows, cfg.mlflow_tracking_uri)
         report_paths = write_report(run_root / "report", histories, metrics_table, blessing,
-                                    behaviour=behaviour or None, challenger=spec.name)
-        for p in report_paths.values():
-            mlflow.log_artifact(str(p), "report")
+                                    behaviour=behaviour or None, challenger=spec.name, predictions=predictions,
+                                    notes=result.train_result.get("notes"))
+        for name, p in report_paths.items():
+            mlflow.log_artifact(str(p), "report/predictions" if name.startswith("predictions:") else "report")
         create_markdown_artifact(
             key="training-report", markdown=report_paths["summary"].read_text(),
             description="Candidates vs base vs champion, blessing decision",
@@ -235,10 +272,16 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             "blessed": blessing.blessed,
             "reasons": blessing.reasons,
             "behaviour_failures": [c["name"] for c in behaviour.get(spec.name, {}).get("failures", [])],
+            "behaviour_skipped": skipped,
+            # The first wrong answers, as the report shows them (every row: report/predictions/).
+            "wrong_answers": _first_wrong(predictions.get(spec.name, [])),
+            "report": str(report_paths["summary"]),
             "promoted": bool(promotion and promotion.promoted),
             "promotion_refused": refused,
             "champion_after": promotion.version if promotion and promotion.promoted else champion_version,
             "seconds": round(time.time() - started, 1),
+            "recipe_notes": result.train_result.get("notes") or [],
+            "best_step": result.train_result.get("best_step"),
         }
         mlflow.log_dict(summary, "summary.json")
 

@@ -87,10 +87,12 @@ def test_repo_suites_load_with_all_three_kinds(name):
 
 
 def test_repo_configs_name_the_suites():
-    for config, suite in (("default.yaml", "sample.yaml"), ("smollm2.yaml", "tickets.yaml")):
+    for config, suites in (("default.yaml", ["sample.yaml"]),
+                           ("smollm2.yaml", ["tickets.yaml", "amazon-polarity.yaml"])):
         cfg = load_config(REPO_ROOT / "configs" / config, environ={})
-        assert cfg.resolve(cfg.evaluation.behaviour_suite) == SUITES / suite
-        load_suite(cfg.resolve(cfg.evaluation.behaviour_suite))
+        assert [cfg.resolve(p) for p in cfg.evaluation.suites] == [SUITES / s for s in suites]
+        for path in cfg.evaluation.suites:
+            assert load_suite(cfg.resolve(path)).task is not None  # every shipped suite says its task
 
 
 def test_a_one_word_model_stays_under_the_configured_floors():
@@ -99,11 +101,13 @@ def test_a_one_word_model_stays_under_the_configured_floors():
         cfg = load_config(REPO_ROOT / "configs" / config, environ={})
         floor = next(t.value_threshold.lower_bound for t in cfg.blessing.thresholds
                      if t.metric == "behaviour_pass_rate")
-        suite = load_suite(cfg.resolve(cfg.evaluation.behaviour_suite))
-        words = {w for c in suite.cases for w in (getattr(c, "expected", None), getattr(c, "base_expected", None)) if w}
-        for word in words:
-            rate = score_suite(suite, lambda exs, w=word: [w] * len(exs)).metrics["behaviour_pass_rate"]
-            assert rate < floor, (config, word, rate)
+        for path in cfg.evaluation.suites:
+            suite = load_suite(cfg.resolve(path))
+            words = {w for c in suite.cases for w in (getattr(c, "expected", None), getattr(c, "base_expected", None))
+                     if w}
+            for word in words:
+                rate = score_suite(suite, lambda exs, w=word: [w] * len(exs)).metrics["behaviour_pass_rate"]
+                assert rate < floor, (config, path, word, rate)
 
 
 # ---- scoring ----------------------------------------------------------------------------
@@ -227,3 +231,46 @@ def test_untrained_base_model_fails_the_sample_suite(demo_base_model):
     mft = [c for c in result.cases if c.kind == "mft"]
     assert all(not c.passed and len(c.answers) == 1 and isinstance(c.answers[0]["answer"], str) for c in mft)
     assert {c.name for c in result.failures} >= {c.name for c in mft}
+
+
+def test_a_suite_of_another_task_is_skipped_and_one_of_the_same_task_runs(demo_base_model, tmp_path):
+    """Suites follow the data: each says its task (task.recognise); a run on a dataset of
+    another task skips it with the reason, and blessing skips thresholds on its metrics."""
+    from components.behaviour import run_suites
+    from components.data.formats import load_file
+
+    suites = [SUITES / "tickets.yaml", SUITES / "sample.yaml"]
+    cfg = EvaluationConfig(max_new_tokens=4, batch_size=16)
+    sample_rows = load_file(REPO_ROOT / "data" / "sample" / "train.jsonl").examples[:200]
+    tickets_rows = load_file(REPO_ROOT / "data" / "tickets" / "train.jsonl").examples[:200]
+
+    on_sample = run_suites(demo_base_model, suites, cfg, sample_rows)
+    assert [r["suite"] for r in on_sample["ran"]] == ["sample-tasks"]
+    assert [s["suite"] for s in on_sample["skipped"]] == ["tickets"]
+    assert "0 of 200 eval rows (0%) look like support-ticket routing" in on_sample["skipped"][0]["reason"]
+    assert on_sample["metrics"]["behaviour_cases"] == len(load_suite(SUITES / "sample.yaml").cases)
+
+    on_tickets = run_suites(demo_base_model, suites, cfg, tickets_rows)
+    assert [r["suite"] for r in on_tickets["ran"]] == ["tickets"]
+    assert on_tickets["metrics"]["behaviour_cases"] == len(load_suite(SUITES / "tickets.yaml").cases)
+
+    news = [e for e in sample_rows if "positive or negative" not in (e.prompt_text or "")][:20]
+    for e in news:  # rows of neither task
+        e.messages = [m for m in e.messages if m["role"] != "system"]
+    neither = run_suites(demo_base_model, suites, cfg, news)
+    assert not neither["ran"] and len(neither["skipped"]) == 2 and neither["metrics"] == {}
+    thresholds = [MetricThreshold.model_validate({"metric": "exact_match", "value_threshold": {"lower_bound": 0.0}}),
+                  MetricThreshold.model_validate({"metric": "behaviour_pass_rate",
+                                                  "value_threshold": {"lower_bound": 0.7}})]
+    why = "; ".join(s["reason"] for s in neither["skipped"])
+    blessed = bless({"exact_match": 0.5}, None, thresholds, not_applicable={"behaviour_": why})
+    assert blessed.blessed and any(r.startswith("SKIP behaviour_pass_rate: not measured") for r in blessed.reasons)
+    assert not bless({"exact_match": 0.5}, None, thresholds).blessed  # without the reason: still a FAIL
+
+
+def test_a_suite_names_a_valid_way_to_recognise_its_task(tmp_path):
+    case = [{"kind": "mft", "prompt": "a", "expected": "b"}]
+    with pytest.raises(SuiteError, match="recognise needs prompt_pattern and/or answers"):
+        load_suite(_write(tmp_path, {"task": {"name": "x", "recognise": {}}, "cases": case}))
+    with pytest.raises(SuiteError, match="prompt_pattern is not a valid regex"):
+        load_suite(_write(tmp_path, {"task": {"name": "x", "recognise": {"prompt_pattern": "("}}, "cases": case}))

@@ -129,6 +129,9 @@ def _paths(section, where: str = ""):
             yield from _paths(value, key)
         elif isinstance(value, Path):
             yield key, value
+        elif isinstance(value, list) and value and all(isinstance(v, Path) for v in value):
+            for i, v in enumerate(value):
+                yield f"{key}[{i}]", v
 
 
 @pytest.mark.parametrize("config", SHIPPED, ids=[p.name for p in SHIPPED])
@@ -143,8 +146,8 @@ def test_a_shipped_config_reads_nothing_outside_the_clone_and_its_home(config):
         resolved = cfg.resolve(path)
         keys.append(key)
         assert resolved.is_relative_to(REPO_ROOT) or resolved.is_relative_to(cfg.home), f"{config.name}: {key} = {path}"
-        if key in {"data.train_path", "gateway.filter_training.train_path", "evaluation.behaviour_suite",
-                   "training.deepspeed_config"}:
+        if key.split("[")[0] in {"data.train_path", "gateway.filter_training.train_path", "evaluation.behaviour_suite",
+                                 "evaluation.behaviour_suites", "training.deepspeed_config"}:
             assert resolved.exists(), f"{config.name}: {key} = {resolved} does not exist in the clone"
     assert "data.train_path" in keys and "gateway.filter_training.train_path" in keys
     assert "../shared" not in config.read_text()

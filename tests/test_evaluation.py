@@ -227,3 +227,77 @@ def test_write_report(tmp_path):
     # One plain history and no blessing also work (e.g. a training-only run).
     paths = write_report(tmp_path / "r2", [3.0, 2.0, 1.5], {"candidate": {"exact_match": 0.1}}, None)
     assert "not evaluated for promotion" in paths["summary"].read_text()
+
+
+# ---- short labels: normalised accuracy, the majority floor, per template / label, predictions
+@pytest.mark.parametrize("pred,ref,match", [
+    ("Billing.", "Billing", 1.0),
+    ("  billing\nThe customer was charged twice", "Billing", 1.0),
+    ("Science and Technology", "Science and technology<|endoftext|>", 1.0),
+    ("\n\n**Sales**", "Sales", 1.0),
+    ("Bill", "Billing", 0.0),
+    ("Billing department", "Billing", 0.0),
+])
+def test_label_match(pred, ref, match):
+    from components.evaluation import label_match
+
+    assert label_match(pred, ref) == match
+
+
+def _row(i, ref, gen, template=None, label=None):
+    from components.evaluation import EvalRow, exact_match, label_match
+
+    return EvalRow(id=f"r{i}", prompt="p", reference=ref, generation=gen, em=exact_match(gen, ref), f1=0.0,
+                   rouge_l=0.0, generated_tokens=1, label_match=label_match(gen, ref), template=template,
+                   label=label)
+
+
+def test_majority_and_per_template_label_metrics():
+    from components.evaluation import label_metrics
+
+    rows = [_row(0, "Yes", "Yes", "a", "pos"), _row(1, "Yes", "No", "a", "pos"), _row(2, "No", "No", "a", "neg"),
+            _row(3, "Positive", "Positive.", "b", "pos"), _row(4, "Negative", "Positive", "b", "neg"),
+            _row(5, "Negative", "negative", "b", "neg")]
+    m = label_metrics(rows)
+    assert m["majority_label"] == pytest.approx(2 / 6)  # "Yes" or "Negative": 2 rows each
+    assert m["majority_label_per_template"] == pytest.approx((2 + 2) / 6)
+    assert m["label_accuracy/template:a"] == pytest.approx(2 / 3) and m["label_accuracy/template:b"] == pytest.approx(2 / 3)
+    assert m["label_accuracy/label:pos"] == pytest.approx(2 / 3) and m["label_accuracy/label:neg"] == pytest.approx(2 / 3)
+    assert label_metrics([_row(0, "x", "x")]) == {"majority_label": 1.0}  # no fields: no breakdown
+
+
+def test_evaluation_reads_template_and_label_fields(tiny_model):
+    examples = make_examples(6)
+    for i, ex in enumerate(examples):
+        ex.extra = {"template": f"t{i % 2}", "label": "L"}
+    result = evaluate_model(tiny_model, examples, EvaluationConfig(max_new_tokens=2), progress=False)
+    m = result.metrics
+    assert {"label_accuracy", "majority_label", "majority_label_per_template",
+            "label_accuracy/template:t0", "label_accuracy/template:t1", "label_accuracy/label:L"} <= set(m)
+    from components.evaluation import predictions
+
+    preds = predictions(result)
+    assert [p["id"] for p in preds] == [e.example_id for e in examples]
+    assert set(preds[0]) == {"id", "template", "label", "expected", "generated", "exact_match", "label_match"}
+
+
+def test_report_shows_wrong_answers_first_beside_the_other_models_redacted(tmp_path):
+    def pred(i, expected, generated):
+        return {"id": f"eval.jsonl:{i}", "template": "t", "label": None, "expected": expected,
+                "generated": generated, "exact_match": generated == expected, "label_match": generated == expected}
+
+    predictions = {
+        "base": [pred(1, "Billing", "I cannot say"), pred(2, "Sales", "mail jane.doe@gmail.com")],
+        "cand-0": [pred(1, "Billing", "Billing"), pred(2, "Sales", "Contact jane.doe@gmail.com")],
+    }
+    paths = write_report(tmp_path, None, {"base": {"exact_match": 0.0}, "cand-0": {"exact_match": 0.5}}, None,
+                         challenger="cand-0", predictions=predictions, notes=["kept checkpoint: step 40"])
+    md = paths["summary"].read_text()
+    assert "cand-0 1 of 2" in md and "base 2 of 2" in md and "- kept checkpoint: step 40" in md
+    table = md[md.index("### cand-0's wrong answers"):]
+    assert "| row | expected | cand-0 | base |" in table
+    first = next(line for line in table.splitlines() if line.startswith("| eval.jsonl"))
+    assert first.startswith("| eval.jsonl:2 (t) | `Sales` | `Contact <EMAIL>` ✗ | `mail <EMAIL>` ✗")
+    assert "eval.jsonl:1" not in table  # answered right by the challenger
+    stored = paths["predictions:cand-0"].read_text()
+    assert "jane.doe@gmail.com" not in stored and "<EMAIL>" in stored and len(stored.splitlines()) == 2

@@ -96,6 +96,27 @@ def test_fine_tune_bless_promote_then_refuse_a_worse_model(tmp_path, shared_data
     assert registry.version(second["challenger"]["version"]).tags["blessed"] == "false"
     assert [r.action for r in registry.history()] == ["promote"]
 
+    # What it answered wrongly is in the run's report (MLflow), beside the base and the
+    # champion, and the first wrong answers are in the summary the CLI prints.
+    wrong = second["wrong_answers"]
+    assert wrong and all(set(w) == {"id", "expected", "generated"} for w in wrong)
+    import mlflow
+
+    client = mlflow.MlflowClient(cfg.mlflow_tracking_uri)
+    run_id = second["run_id"]
+    listed = [a.path for a in client.list_artifacts(run_id, "report/predictions")]
+    assert "report/predictions/cand-0.jsonl" in listed and "report/predictions/base.jsonl" in listed, listed
+    assert any(p.startswith("report/predictions/champion") for p in listed), listed
+    local = Path(client.download_artifacts(run_id, "report"))
+    rows = [json.loads(line) for line in (local / "predictions" / "cand-0.jsonl").read_text().splitlines()]
+    assert len(rows) == int(second["challenger"]["metrics"]["num_examples"])
+    assert {r["id"] for r in rows if not r["label_match"]} >= {w["id"] for w in wrong}
+    summary_md = (local / "summary.md").read_text()
+    section = summary_md[summary_md.index("## Predictions"):]
+    assert f"| {wrong[0]['id']}" in section and "champion" in section.split("\n| row |")[1].split("\n")[0]
+    # the majority label beside the scores, on the same eval split
+    assert 0 < second["challenger"]["metrics"]["majority_label"] <= 1
+
 
 def test_poisoned_dataset_stops_before_training(tmp_path, demo_base_model):
     rows = [{"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": w}]}

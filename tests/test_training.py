@@ -291,3 +291,78 @@ def test_zero1_deepspeed_job_learns(tmp_path, base_model, dataset_dir):
     assert result.train_result["zero_stage"] == 1 and result.train_result["num_processes"] == 2
     assert result.train_result["eval_loss"] < result.train_result["eval_loss_before"]
     assert all(isinstance(a, str) for a in greedy_answers(result.model_dir, sentiment_examples(2, seed=3)))
+
+
+# ---------------------------------------------------------------------------------------
+# early stopping, the best checkpoint and the auto recipe
+
+
+def memorisation_examples(n: int, seed: int) -> list[Example]:
+    """Codes with answers drawn at random: nothing to learn but the answer words, so a model
+    that goes on memorising the train rows gets worse on others (its eval loss rises)."""
+    rng = random.Random(seed)
+    words = "red blue green amber violet silver".split()
+    out = []
+    for i in range(n):
+        code = "".join(rng.choice("abcdefghjkmnpqrstuvwxyz") for _ in range(6))
+        answer = rng.choice(words)
+        out.append(Example(example_id=f"code:{seed}:{i}", completion=answer,
+                           messages=[{"role": "user", "content": f"Colour of code {code}?"},
+                                     {"role": "assistant", "content": answer}]))
+    return out
+
+
+@pytest.mark.slow
+def test_early_stopping_keeps_the_checkpoint_with_the_lowest_eval_loss(tmp_path, base_model):
+    d = tmp_path / "data"
+    d.mkdir()
+    write_jsonl(d / "train.jsonl", memorisation_examples(16, seed=0))
+    write_jsonl(d / "eval.jsonl", memorisation_examples(48, seed=1))
+    spec = make_spec("stop", base_model, d, tmp_path, deepspeed=None, num_processes=1, learning_rate=1e-2,
+                     max_steps=200, save_steps=5, per_device_batch_size=8,
+                     early_stopping={"patience": 3, "keep_best": True})
+    result = launch_training(spec, on_log=lambda line: None).train_result
+
+    history = dict((int(step), loss) for step, loss in result["eval_loss_history"])
+    assert result["stopped_early"] and result["global_step"] < 200, result
+    best = result["best_step"]
+    assert best is not None and best < result["global_step"]
+    assert result["best_eval_loss"] == pytest.approx(history[best])
+    assert result["best_eval_loss"] < result["last_eval_loss"] == pytest.approx(history[result["global_step"]])
+    assert any(f"kept checkpoint: step {best}" in note for note in result["notes"]), result["notes"]
+    # the saved model is the kept checkpoint: its eval loss is the best one, not the last
+    from components.evaluation import evaluate_model
+    from components.config import EvaluationConfig
+
+    ev = [Example.from_dict(json.loads(line)) for line in (d / "eval.jsonl").read_text().splitlines()]
+    saved = evaluate_model(result["model_dir"], ev, EvaluationConfig(max_new_tokens=2), progress=False)
+    assert saved.metrics["eval_loss"] == pytest.approx(result["best_eval_loss"], rel=0.02)
+    assert saved.metrics["eval_loss"] < result["last_eval_loss"]
+
+
+def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_path, dataset_dir):
+    from components.training.recipe import auto_recipe
+
+    cfg = load_config(write_config(tmp_path, {"recipe": "auto", "method": "lora", "num_processes": 2,
+                                              "per_device_batch_size": 4}), environ={})
+    chosen, candidates, notes = auto_recipe(cfg.training, 368, "no-such-model")
+    assert chosen["max_steps"] == 138  # 3 epochs of 368 rows at 8 rows a step
+    assert chosen["save_steps"] == 18 and chosen["early_stopping"] == {"patience": 3, "keep_best": True}
+    assert chosen["lora"]["target_modules"] == "all-linear" and chosen["learning_rate"] == 1e-3
+    assert candidates == [] and any(n.startswith("max_steps=138: 3 epochs of 368 rows") for n in notes)
+    # a tiny set is seen at least 100 times; a long run is capped
+    assert auto_recipe(cfg.training, 10, "x")[0]["max_steps"] == 13
+    assert auto_recipe(cfg.training, 100_000, "x")[0]["max_steps"] == 400
+
+    cfg = load_config(write_config(tmp_path, {"recipe": "auto", "method": "lora", "max_steps": 40,
+                                              "lora": {"target_modules": ["q_proj"]}, "recipe_search": 3}),
+                      environ={"TUNELOOP__TRAINING__LEARNING_RATE": "0.0002"})
+    chosen, candidates, notes = auto_recipe(cfg.training, 368, "x")
+    assert "max_steps" not in chosen and "learning_rate" not in chosen and "target_modules" not in chosen["lora"]
+    assert chosen["save_steps"] == 5  # sized from the explicit 40 steps
+    assert any(n.startswith("max_steps=40: set in the config") for n in notes)
+    assert [c["learning_rate"] for c in candidates] == [0.0002, 6.67e-05, 0.0006]
+    # the specs carry the chosen schedule and the notes
+    specs = candidate_specs(cfg, dataset_dir, tmp_path / "runs")
+    assert len(specs) == 3 and specs[0].config.max_steps == 40 and specs[0].config.early_stopping.keep_best
+    assert specs[0].notes[0].startswith("max_steps=40: set in the config") and "of 256 rows" in specs[0].notes[0]

@@ -11,3 +11,22 @@
 
 tests/test_privacy.py plants every kind in texts for all three users.
 """
+
+from components.privacy.personal import find_pii, pii_spans  # noqa: E402
+from components.privacy.secrets import find_secrets, secret_spans  # noqa: E402
+
+
+def redact(text: str) -> str:
+    """`text` with every secret and every piece of personal data replaced by <KIND>, for texts
+    shown to people outside the gateway (run reports, predictions). Overlapping finds merge."""
+    spans = sorted(secret_spans(text) + pii_spans(text), key=lambda s: (s[1], -s[2]))
+    out, at = [], 0
+    for kind, a, b in spans:
+        if a < at:  # inside one already replaced
+            continue
+        out += [text[at:a], f"<{kind.upper()}>"]
+        at = b
+    return "".join(out) + text[at:]
+
+
+__all__ = ["find_pii", "find_secrets", "pii_spans", "redact", "secret_spans"]

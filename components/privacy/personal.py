@@ -85,3 +85,18 @@ def find_pii(text: str) -> list[str]:
     if _has_iban(text):
         found.add("iban")
     return sorted(found)
+
+
+def pii_spans(text: str) -> list[tuple[str, int, int]]:
+    """(kind, start, end) of the personal data find_pii reports (documentation values left out)."""
+    spans = [("email", m.start(), m.end()) for m in _EMAIL.finditer(text) if not is_reserved_email(m.group(0))]
+    spans += [("card_number", m.start(), m.end()) for m in _CARD.finditer(text) if _is_card_number(m.group(0))]
+    spans += [("phone", m.start(), m.end()) for m in _PHONE.finditer(text)
+              if 8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 and not is_fictional_phone(m.group(0))]
+    for m in _IBAN.finditer(text):
+        groups = m.group(0).split(" ")
+        for k in range(len(groups), 0, -1):
+            if _iban_ok("".join(groups[:k])):
+                spans.append(("iban", m.start(), m.start() + len(" ".join(groups[:k]))))
+                break
+    return spans

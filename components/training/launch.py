@@ -58,6 +58,7 @@ class TrainSpec:
     num_processes: int = 1
     launcher: str = "torchrun"  # "torchrun" | "deepspeed", used when num_processes > 1
     overrides: dict[str, Any] = field(default_factory=dict)  # what makes this candidate differ
+    notes: list[str] = field(default_factory=list)  # training.recipe auto: what it chose and why
 
     @property
     def config(self) -> TrainingConfig:
@@ -143,6 +144,14 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
     train_path = dataset_dir / "train.jsonl"
     eval_path = dataset_dir / "eval.jsonl"
     section = cfg.training.model_dump(mode="json", exclude={"candidates", "kubernetes", "continued"})
+    notes: list[str] = []
+    candidates = cfg.training.candidates
+    if cfg.training.recipe == "auto":
+        from components.training.recipe import auto_recipe, count_rows
+
+        chosen, searched, notes = auto_recipe(cfg.training, count_rows(train_path), start_from or cfg.base_model_ref)
+        section = _merge(section, chosen)
+        candidates = candidates or searched
     continued = cfg.training.continued
     if start_from and continued:
         where = f"{cfg.source or 'config'}: training.continued"
@@ -154,7 +163,7 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
         except ValidationError as err:
             raise ConfigError(_format_errors(err, where)) from None
     specs = []
-    for i, overrides in enumerate(cfg.training.candidates or [{}]):
+    for i, overrides in enumerate(candidates or [{}]):
         where = f"{cfg.source or 'config'}: training.candidates[{i}]"
         if not isinstance(overrides, dict):
             raise ConfigError(f"{where}: must be a mapping of training keys, got {overrides!r}")
@@ -177,6 +186,8 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
                 num_processes=training.num_processes,
                 launcher=training.launcher,
                 overrides=dict(overrides),
+                notes=list(notes) + ([f"continued from the champion: {json.dumps(continued, sort_keys=True)}"]
+                                     if start_from and continued else []),
             )
         )
     return specs

@@ -226,6 +226,10 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         + (f", resuming from {resume.name}" if resume else ""))
 
     has_eval = bool(eval_rows)
+    stopping = cfg.early_stopping
+    keep_best = has_eval and stopping.keep_best
+    if not has_eval and (stopping.keep_best or stopping.patience):
+        log(f"{spec.name}: no eval split: early stopping and keep_best are off")
     # TrainingArguments before the model: with ZeRO-3 it makes from_pretrained partition weights.
     args = TrainingArguments(
         output_dir=str(spec.checkpoints_dir),
@@ -257,6 +261,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         report_to="none",  # the flow logs train_result.json to MLflow
         disable_tqdm=True,  # bars make noise in a piped log; Progress prints a line per log step
         save_only_model=False,  # optimizer + scheduler + RNG too: a resumed run continues exactly
+        # training.early_stopping: the checkpoint with the lowest eval loss becomes the model
+        # (kept besides the last two); early stopping needs it.
+        load_best_model_at_end=keep_best or bool(has_eval and stopping.patience),
+        metric_for_best_model="eval_loss" if has_eval else None,
+        greater_is_better=False if has_eval else None,
         **distributed,
     )
 
@@ -274,6 +283,12 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         log(f"LoRA r={cfg.lora.r}: {trainable:,} of {total:,} parameters trainable")
 
     progress, throughput = make_callbacks(cfg.max_steps)
+    callbacks = [progress, throughput]
+    if has_eval and stopping.patience:
+        from transformers import EarlyStoppingCallback
+
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=stopping.patience,
+                                               early_stopping_threshold=stopping.min_delta))
     trainer = Trainer(
         model=model,
         args=args,
@@ -281,7 +296,7 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         eval_dataset=eval_rows or None,
         data_collator=PadCollator(tokenizer.pad_token_id),
         processing_class=tokenizer,
-        callbacks=[progress, throughput],
+        callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)
 
@@ -289,9 +304,15 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     history = trainer.state.log_history
     last_eval_step = max((h["step"] for h in history if "eval_loss" in h), default=None)
     final_eval = None
+    best_step = best_loss = last_loss = None
     if has_eval:
-        final_eval = (next(h["eval_loss"] for h in reversed(history) if "eval_loss" in h)
-                      if last_eval_step == trainer.state.global_step else trainer.evaluate()["eval_loss"])
+        last_loss = (next(h["eval_loss"] for h in reversed(history) if "eval_loss" in h)
+                     if last_eval_step == trainer.state.global_step else trainer.evaluate()["eval_loss"])
+        final_eval = last_loss
+        if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+            best_step = int(Path(trainer.state.best_model_checkpoint).name.rsplit("-", 1)[-1])
+            best_loss = float(trainer.state.best_metric)
+            final_eval = best_loss  # the weights now in the trainer: the best checkpoint's
 
     save_model(trainer, spec, tokenizer)
     trainer.accelerator.wait_for_everyone()
@@ -300,6 +321,14 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
 
     history = trainer.state.log_history
     eval_history = [[h["step"], h["eval_loss"]] for h in history if "eval_loss" in h]
+    notes = list(spec.notes)
+    stopped_early = bool(stopping.patience and has_eval and trainer.state.global_step < cfg.max_steps)
+    if stopped_early:
+        notes.append(f"early stopping at step {trainer.state.global_step} of {cfg.max_steps}: "
+                     f"{stopping.patience} evaluations without a lower eval loss")
+    if best_step is not None:
+        notes.append(f"kept checkpoint: step {best_step} (eval loss {best_loss:.4g}; the last evaluation, "
+                     f"step {eval_history[-1][0] if eval_history else '?'}, had {last_loss:.4g})")
     result = {
         "name": spec.name,
         "base_model": spec.base_model,
@@ -308,7 +337,12 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         "loss_history": [[h["step"], h["loss"]] for h in history if "loss" in h],
         "eval_loss_history": eval_history,
         "eval_loss_before": next((loss for step, loss in eval_history if step == 0), None),
-        "eval_loss": final_eval,
+        "eval_loss": final_eval,  # of the model saved: the best checkpoint's when keep_best
+        "best_step": best_step,  # keep_best: the step of the checkpoint that became the model
+        "best_eval_loss": best_loss,
+        "last_eval_loss": last_loss,  # at the run's last step, whatever was kept
+        "stopped_early": stopped_early,
+        "notes": notes,
         "train_loss": output.training_loss,  # mean over this launch's steps
         "global_step": trainer.state.global_step,
         "train_tokens": int(trainer.state.num_input_tokens_seen),
