@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install demo demo-smollm2 test test-fast clean vllm-venv bench-vllm system-packages
+.PHONY: install demo demo-smollm2 test test-fast clean vllm-venv bench-vllm bench-recipe system-packages
 
 # System services the gateway, the monitoring and their tests use (the tests start and stop
 # them on 127.0.0.1; nothing runs as a daemon): Debian's redis-server and prometheus (with
@@ -59,6 +59,11 @@ demo:
 # tests/test_real_model.py).
 demo-smollm2: install
 	$(BIN)/tuneloop demo --config configs/smollm2.yaml
+
+# What training.recipe auto reaches with SmolLM2 on the tickets task (and on ../shared's T0 set
+# when it is there), against the base and the majority label: real fine-tunes, ~30 min each here.
+bench-recipe: install
+	$(BIN)/python benchmarks/recipe.py --shared $(RECIPE_ARGS)
 
 # The suite includes serving.engine: vllm against a real vLLM, so it builds vLLM's venv too.
 test:

@@ -231,7 +231,7 @@ class TrainingConfig(Section):
     # training with early stopping and the best checkpoint kept (components/training/recipe.py);
     # every value this file sets explicitly still wins, and the choices and why go to the lineage.
     recipe: Literal["manual", "auto"] = "manual"
-    # auto: the most optimizer steps it may choose (the time a run may take: ~8.6 s a step for
+    # auto: the most optimizer steps it may choose (the time a run may take: ~3.3 s a step for
     # SmolLM2 LoRA on 2 CPU cores), and how many candidates over learning rate to train (1: no search).
     recipe_max_steps: int = Field(400, ge=1)
     recipe_search: int = Field(1, ge=1, le=6)

@@ -144,6 +144,14 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
         return None, str(exc)
 
 
+def with_init_from(cfg: TuneloopConfig, init_from: str) -> TuneloopConfig:
+    """cfg with training.init_from set, validated like the key it overrides. Only the keys the
+    file set stay set: training.recipe auto chooses the others, and a full dump would make
+    them all explicit (a drift-triggered retrain then ran with LoRA's defaults, r 8 on q/v)."""
+    return cfg.model_copy(update={"training": cfg.training.model_validate(
+        {**cfg.training.model_dump(exclude_unset=True), "init_from": init_from})})
+
+
 def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
     from components.privacy import redact
 
@@ -167,9 +175,8 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
 
     started = time.time()
     cfg = load_config(config_path)
-    if init_from:  # validated like the config key it overrides
-        cfg = cfg.model_copy(update={"training": cfg.training.model_validate(
-            {**cfg.training.model_dump(), "init_from": init_from})})
+    if init_from:
+        cfg = with_init_from(cfg, init_from)
     logger = get_run_logger()
     base_ref = prepare_base_model(cfg)
     prepared = prepare_data(cfg, Path(data) if data else None, Path(eval_data) if eval_data else None)

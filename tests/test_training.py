@@ -366,3 +366,17 @@ def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_pat
     specs = candidate_specs(cfg, dataset_dir, tmp_path / "runs")
     assert len(specs) == 3 and specs[0].config.max_steps == 40 and specs[0].config.early_stopping.keep_best
     assert specs[0].notes[0].startswith("max_steps=40: set in the config") and "of 256 rows" in specs[0].notes[0]
+
+
+def test_a_retrain_from_the_champion_keeps_the_recipe_choosing():
+    """The loop's retrain sets init_from on the preset's config; the recipe must still see only
+    the keys the file set as explicit."""
+    from components.training.recipe import auto_recipe
+    from flows.training import with_init_from
+
+    cfg = with_init_from(load_config(Path(__file__).parents[1] / "configs" / "smollm2.yaml", environ={}), "champion")
+    assert cfg.training.init_from == "champion" and cfg.training.recipe == "auto"
+    chosen, _, _ = auto_recipe(cfg.training, 1987, "x")
+    assert chosen["lora"] == {"target_modules": "all-linear", "r": 16, "alpha": 32}
+    with pytest.raises(Exception, match="init_from"):
+        with_init_from(cfg, "nowhere")
