@@ -60,7 +60,7 @@ demo:
 demo-smollm2: install
 	$(BIN)/tuneloop demo --config configs/smollm2.yaml
 
-# What training.recipe auto reaches with SmolLM2 on the tickets task (and on ../shared's T0 set
+# What training.recipe auto reaches with SmolLM2 on the tickets task (and on the team's T0 copy
 # when it is there), against the base and the majority label: real fine-tunes, ~30 min each here.
 bench-recipe: install
 	$(BIN)/python benchmarks/recipe.py --shared $(RECIPE_ARGS)

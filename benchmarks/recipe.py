@@ -42,13 +42,19 @@ def run(config: str, data: str | None, home: Path, sets: list[str]) -> dict:
     cmd = [TUNELOOP, "train", "--config", config, "--json"] + (["--data", data] if data else [])
     print(f"\n$ {' '.join(cmd)}  (home {home})", flush=True)
     started = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    out, err = proc.communicate()
-    for line in err.splitlines():  # progress: the training job's own lines
-        if "[train] step" in line or "early stopping" in line or "kept checkpoint" in line:
-            print("  " + line.split(" - ", 1)[-1][-160:], flush=True)
+    tail: list[str] = []
+    with tempfile.TemporaryFile("w+") as stdout:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for line in proc.stderr:  # progress as it comes: the flow's tasks and the job's steps
+            tail = (tail + [line])[-200:]
+            if any(k in line for k in ("[train] step", "early stopping", "kept checkpoint", "Finished in state",
+                                       ": {\"eval_loss\"")):
+                print("  " + line.rstrip().split(" - ", 1)[-1][-160:], flush=True)
+        proc.wait()
+        stdout.seek(0)
+        out = stdout.read()
     if proc.returncode != 0:
-        print(err[-4000:], file=sys.stderr)
+        print("".join(tail)[-4000:], file=sys.stderr)
         raise SystemExit(f"tuneloop train failed ({proc.returncode})")
     summary = json.loads(out[out.index("{\n"):])
     summary["wall_s"] = round(time.time() - started, 1)
