@@ -17,7 +17,8 @@ needs its floor beside it and a cause when it is low:
   casefold, whitespace, end markers, punctuation at either end), so "billing." and an answer
   whose first line is "Billing" count and "Bill" does not;
 - majority_label: what always answering the eval split's commonest reference scores, and
-  majority_label_per_template (each template's commonest) where the rows name a template;
+  majority_label_per_template (each template's commonest) where the rows name a template (or,
+  with no template field, come from several files: a T0 folder has one file per template);
 - label_accuracy/template:<t> and label_accuracy/label:<l> where the rows carry those fields
   (the source file's `template` / `label` columns, kept in Example.extra; evaluation.template_field
   and label_field name others);
@@ -367,13 +368,18 @@ def evaluate_model(
             model, tokenizer, examples, cfg.batch_size, cfg.max_new_tokens, bar
         )
 
+    # Without a template field, a split read from several files (a T0 folder: one file per
+    # template) takes the file as the template, so the per-template floor is still there.
+    by_file = len({ex.source_file for ex in examples}) > 1 and not any(_field(ex, cfg.template_field)
+                                                                       for ex in examples)
     rows = []
     for ex, gen, n in zip(examples, generations, counts):
         ref = clean_completion(ex.completion, tokenizer)  # legacy data may carry a literal <|endoftext|>
         rows.append(EvalRow(
             id=ex.example_id, prompt=prompt_text(ex, tokenizer), reference=ref, generation=gen,
             em=exact_match(gen, ref), f1=token_f1(gen, ref), rouge_l=rouge_l(gen, ref), generated_tokens=n,
-            label_match=label_match(gen, ref), template=_field(ex, cfg.template_field), label=_field(ex, cfg.label_field),
+            label_match=label_match(gen, ref), label=_field(ex, cfg.label_field),
+            template=Path(ex.source_file).stem if by_file else _field(ex, cfg.template_field),
         ))
     mean_loss = loss_sum / loss_tokens if loss_tokens else math.nan
     generated = sum(counts)

@@ -301,3 +301,12 @@ def test_report_shows_wrong_answers_first_beside_the_other_models_redacted(tmp_p
     assert "eval.jsonl:1" not in table  # answered right by the challenger
     stored = paths["predictions:cand-0"].read_text()
     assert "jane.doe@gmail.com" not in stored and "<EMAIL>" in stored and len(stored.splitlines()) == 2
+
+
+def test_rows_from_several_files_take_the_file_as_their_template(tiny_model):
+    examples = make_examples(4)
+    for i, ex in enumerate(examples):
+        ex.source_file = f"/data/t0/template_{i % 2}.jsonl"
+    result = evaluate_model(tiny_model, examples, EvaluationConfig(max_new_tokens=2), progress=False)
+    assert {r.template for r in result.rows} == {"template_0", "template_1"}
+    assert "label_accuracy/template:template_0" in result.metrics and "majority_label_per_template" in result.metrics
