@@ -307,7 +307,7 @@ def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_e
         # Only eval rows are checked, so `mostly` is a fraction of the eval split.
         add(
             "eval prompts not seen in train", "eval_prompt_in_train",
-            f"leaked eval rows (identical prompt"
+            "leaked eval rows (identical prompt"
             + (f", or a near-duplicate at similarity >= {cfg.leakage_similarity:g}" if cfg.leakage_similarity else "")
             + f"): {_fraction(cfg.max_leakage_fraction)}",
             gxe.ExpectColumnValuesToBeNull, mostly=1.0 - cfg.max_leakage_fraction,

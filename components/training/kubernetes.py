@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 
 from components.config import REPO_ROOT, TrainingK8sConfig
