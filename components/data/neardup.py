@@ -16,7 +16,7 @@ near-duplicates when most of the smaller one's content reappears in the larger:
 `near_duplicate_groups` gives a group id per text (split whole groups to keep a split clean);
 `leaked_pairs` names the eval texts that reappear in train.
 
-Measured on ../shared/data/t0-amazon-polarity (200 reviews x 9 T0 templates = 1,800 prompts;
+Measured on the team's copy of the public T0 amazon-polarity set (200 reviews x 9 T0 templates = 1,800 prompts;
 two of the reviews are one review, one sentence apart, so 199 sources): the same source under
 two templates has containment 0.78 at least (1st percentile 0.86, median 0.975), two different
 sources 0.15 at most (99.99th percentile 0.10). The bundled sample (data/sample), whose short
