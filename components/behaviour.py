@@ -34,6 +34,7 @@ same chat template, same cleaning): a model passes here exactly when it would an
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,8 +118,6 @@ class Recognise(_Strict):
         if self.prompt_pattern is None and not self.answers:
             raise ValueError("recognise needs prompt_pattern and/or answers")
         if self.prompt_pattern is not None:
-            import re
-
             try:
                 re.compile(self.prompt_pattern)
             except re.error as exc:
@@ -370,19 +369,22 @@ def score_suite(suite: BehaviourSuite, answer: Callable[[list[Example]], list[st
             name=case_name(case, i), kind=case.kind, task=case.task, passed=passed, reason=reason,
             expected=expected, answers=[{k: r[k] for k in ("prompt", "answer", "expected", "ok")} for r in rows],
         ))
+    return BehaviourResult(suite=suite.name or "(unnamed)", metrics=case_metrics(results), cases=results)
+
+
+def case_metrics(results: list[CaseResult]) -> dict[str, float]:
+    """behaviour_pass_rate, behaviour_<kind> for each kind present, behaviour_cases."""
     metrics = {"behaviour_pass_rate": sum(r.passed for r in results) / len(results)}
     for kind in KINDS:
         of_kind = [r.passed for r in results if r.kind == kind]
         if of_kind:  # absent, not NaN: a threshold on a kind the suite lacks fails as "missing"
             metrics[f"behaviour_{kind}"] = sum(of_kind) / len(of_kind)
     metrics["behaviour_cases"] = float(len(results))
-    return BehaviourResult(suite=suite.name or "(unnamed)", metrics=metrics, cases=results)
+    return metrics
 
 
 def applies(suite: BehaviourSuite, examples: list[Example]) -> tuple[bool, str]:
     """(does the suite's task match this eval split, why): see Recognise."""
-    import re
-
     if suite.task is None:
         return True, "the suite declares no task: it runs on every dataset"
     if not examples:
@@ -407,7 +409,7 @@ def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str],
     (BehaviourResult.to_dict() shape: the cases of all suites that ran, their metrics pooled,
     behaviour_pass_rate/suite:<name> per suite) plus "skipped": [{suite, reason}] and "ran":
     [{suite, reason}]. No suite ran: no behaviour_* metrics (blessing skips their thresholds)."""
-    from components.evaluation import _metric_key, generate_answers, load_for_eval
+    from components.evaluation import generate_answers, load_for_eval, metric_key
 
     loaded = [s if isinstance(s, BehaviourSuite) else load_suite(s) for s in suites]
     chosen, skipped, ran = [], [], []
@@ -423,16 +425,10 @@ def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str],
     model, tokenizer = load_for_eval(model_ref)
     results = [score_suite(s, lambda exs: generate_answers(model, tokenizer, exs, cfg)) for s in chosen]
     cases = [c for r in results for c in r.cases]
-    pooled = BehaviourResult(suite=out["suite"], metrics={}, cases=cases)
-    pooled.metrics["behaviour_pass_rate"] = sum(c.passed for c in cases) / len(cases)
-    for kind in KINDS:
-        of_kind = [c.passed for c in cases if c.kind == kind]
-        if of_kind:
-            pooled.metrics[f"behaviour_{kind}"] = sum(of_kind) / len(of_kind)
-    pooled.metrics["behaviour_cases"] = float(len(cases))
+    pooled = BehaviourResult(suite=out["suite"], metrics=case_metrics(cases), cases=cases)
     if len(results) > 1:
         for r in results:
-            pooled.metrics[f"behaviour_pass_rate/suite:{_metric_key(r.suite)}"] = r.metrics["behaviour_pass_rate"]
+            pooled.metrics[f"behaviour_pass_rate/suite:{metric_key(r.suite)}"] = r.metrics["behaviour_pass_rate"]
     return {**pooled.to_dict(), "skipped": skipped, "ran": ran}
 
 

@@ -99,7 +99,7 @@ def label_match(prediction: str, reference: str) -> float:
     return float(normalize_label(prediction) == normalize_label(reference))
 
 
-def _metric_key(value: Any) -> str:
+def metric_key(value: Any) -> str:
     """A row field's value as part of an MLflow metric name (alphanumerics, _ - . : / and space)."""
     return re.sub(r"[^A-Za-z0-9_.\- ]+", "_", str(value)).strip()[:60] or "_"
 
@@ -123,7 +123,7 @@ def label_metrics(rows: list["EvalRow"]) -> dict[str, float]:
             for group in by_template.values()) / len(rows)
     for kind, groups in (("template", by_template), ("label", by_label)):
         for name, group in sorted(groups.items()):
-            out[f"label_accuracy/{kind}:{_metric_key(name)}"] = sum(r.label_match for r in group) / len(group)
+            out[f"label_accuracy/{kind}:{metric_key(name)}"] = sum(r.label_match for r in group) / len(group)
     return out
 
 

@@ -37,16 +37,6 @@ def _iban_ok(candidate: str) -> bool:
     return 15 <= len(candidate) <= 34 and int("".join(str(int(c, 36)) for c in s)) % 97 == 1
 
 
-def _has_iban(text: str) -> bool:
-    for m in _IBAN.finditer(text):
-        # The pattern may run into following words ("... 3000 AND"): try shorter prefixes.
-        groups = m.group(0).split(" ")
-        for k in range(len(groups), 0, -1):
-            if _iban_ok("".join(groups[:k])):
-                return True
-    return False
-
-
 # Reserved for documentation, nobody's data: the example domains of RFC 2606 and 6761 (and
 # their subdomains), their special-use top-level names, and the North American numbers
 # 555-0100..555-0199 (set aside for fiction). Tutorials and synthetic sets are full of them.
@@ -74,17 +64,7 @@ def find_pii(text: str) -> list[str]:
     """Kinds of personal data found in `text` (email, card_number, phone, iban), sorted.
 
     Documentation values (user@example.com, *.test, +1 212 555 0142) are not personal data."""
-    found = set()
-    if any(not is_reserved_email(m.group(0)) for m in _EMAIL.finditer(text)):
-        found.add("email")
-    if any(_is_card_number(m.group(0)) for m in _CARD.finditer(text)):
-        found.add("card_number")
-    if any(8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 and not is_fictional_phone(m.group(0))
-           for m in _PHONE.finditer(text)):
-        found.add("phone")
-    if _has_iban(text):
-        found.add("iban")
-    return sorted(found)
+    return sorted({kind for kind, _, _ in pii_spans(text)})
 
 
 def pii_spans(text: str) -> list[tuple[str, int, int]]:
@@ -94,6 +74,7 @@ def pii_spans(text: str) -> list[tuple[str, int, int]]:
     spans += [("phone", m.start(), m.end()) for m in _PHONE.finditer(text)
               if 8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 and not is_fictional_phone(m.group(0))]
     for m in _IBAN.finditer(text):
+        # The pattern may run into following words ("... 3000 AND"): try shorter prefixes.
         groups = m.group(0).split(" ")
         for k in range(len(groups), 0, -1):
             if _iban_ok("".join(groups[:k])):
