@@ -119,10 +119,18 @@ def _safe_name(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in label).strip("_") or "model"
 
 
-def write_predictions(out: Path, predictions: dict[str, list[dict[str, Any]]]) -> dict[str, Path]:
-    """predictions/<model>.jsonl, every text redacted (components.privacy.redact)."""
+def redacted(predictions: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Every text of every row but its id through components.privacy.redact: what people see."""
     from components.privacy import redact
 
+    def row_of(row: dict[str, Any]) -> dict[str, Any]:
+        return {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in row.items()}
+
+    return {label: [row_of(row) for row in rows] for label, rows in predictions.items()}
+
+
+def write_predictions(out: Path, predictions: dict[str, list[dict[str, Any]]]) -> dict[str, Path]:
+    """predictions/<model>.jsonl (rows as given: redacted() first)."""
     folder = out / "predictions"
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -130,7 +138,6 @@ def write_predictions(out: Path, predictions: dict[str, list[dict[str, Any]]]) -
         path = folder / f"{_safe_name(label)}.jsonl"
         with path.open("w") as f:
             for row in rows:
-                row = {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in row.items()}
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         paths[label] = path
     return paths
@@ -139,9 +146,7 @@ def write_predictions(out: Path, predictions: dict[str, list[dict[str, Any]]]) -
 def predictions_markdown(predictions: dict[str, list[dict[str, Any]]], challenger: str | None,
                          limit: int = SHOWN_WRONG) -> list[str]:
     """The challenger's wrong answers first (up to `limit`), each beside the other models'
-    answers to the same row; then how many each model got wrong."""
-    from components.privacy import redact
-
+    answers to the same row; then how many each model got wrong. Rows as given: redacted() first."""
     labels = list(predictions)
     first = challenger if challenger in predictions else labels[-1]
     others = [label for label in labels if label != first]
@@ -160,12 +165,12 @@ def predictions_markdown(predictions: dict[str, list[dict[str, Any]]], challenge
     def cell(row: dict[str, Any] | None) -> str:
         if row is None:
             return "–"
-        text = _one_line(redact(row["generated"]), 60).replace("|", "\\|") or "(empty)"
+        text = _one_line(row["generated"], 60).replace("|", "\\|") or "(empty)"
         return f"`{text}`" + ("" if row["label_match"] else " ✗")
 
     for r in wrong[:limit]:
         where = r["id"] + (f" ({r['template']})" if r.get("template") else "")
-        md.append(f"| {_one_line(where, 100)} | `{_one_line(redact(r['expected']), 40)}` | "
+        md.append(f"| {_one_line(where, 100)} | `{_one_line(r['expected'], 40)}` | "
                   + " | ".join(cell(by_id[label].get(r["id"])) for label in [first, *others]) + " |")
     md.append("")
     return md
@@ -269,10 +274,12 @@ def write_report(
         md.append("")
     md += ["## Metrics", "", metrics_markdown(metrics_table) if metrics_table else "(no metrics)", ""]
     if metrics_table and _metric_names(metrics_table, breakdown=True):
-        md += ["### Per template and per label (label accuracy)", "", metrics_markdown(metrics_table, breakdown=True), ""]
+        md += ["### Per template and per label (label accuracy)", "",
+               metrics_markdown(metrics_table, breakdown=True), ""]
     if notes:
         md += ["## Run", "", *[f"- {line}" for line in notes], ""]
     if predictions:
+        predictions = redacted(predictions)
         md += predictions_markdown(predictions, challenger)
         paths.update({f"predictions:{label}": p for label, p in write_predictions(out, predictions).items()})
     finals = {label: _points(h)[-1][1] for label, h in histories.items() if _points(h)}

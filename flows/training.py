@@ -155,8 +155,8 @@ def with_init_from(cfg: TuneloopConfig, init_from: str) -> TuneloopConfig:
 def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
     from components.privacy import redact
 
-    return [{"id": r["id"], "expected": redact(r["expected"]), "generated": redact(r["generated"])}
-            for r in rows if not r["label_match"]][:limit]
+    wrong = [r for r in rows if not r["label_match"]][:limit]
+    return [{"id": r["id"], "expected": redact(r["expected"]), "generated": redact(r["generated"])} for r in wrong]
 
 
 @flow(name="training", log_prints=True)
