@@ -30,7 +30,7 @@ Rounds go round-robin over the systems, every other round in reverse order; a sy
 cost is the median of its per-round throughput ratios to `off` (round i of both ran back to
 back). Beside it, the shares the server itself measures, which the host's round-to-round
 noise (+-15 % here) does not blur: the wall time the filter's encoder held the CPU in turns
-with the engine (tuneloop_cpu_turn_seconds_total, components/cpu_turns.py: the engine's
+with the engine (tuneloop_cpu_turn_seconds_total, tuneloop/cpu_turns.py: the engine's
 throughput lost to it; only a classifier on encoder embeddings takes turns) and the CPU of
 Presidio and the classifier (tuneloop_gateway_cpu_seconds_total: in the checks' own process
 by default, on another core than the engine's, so a share of work done, not of throughput
@@ -90,7 +90,7 @@ from benchmarks.serving import (  # noqa: E402
     summarize,
     wait_until_quiet,
 )
-from components.formatting import context_window  # noqa: E402
+from tuneloop.formatting import context_window  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
 
 HIT_RATE = 0.4
@@ -203,7 +203,7 @@ def main() -> None:
                 base_env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
             train_filter(base_env, args.method)
             key = json.loads(subprocess.run(
-                [sys.executable, "-m", "components.cli", "keys", "create", "--name", "bench", "--tier", "enterprise",
+                [sys.executable, "-m", "tuneloop.cli", "keys", "create", "--name", "bench", "--tier", "enterprise",
                  "--json"], env=base_env, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["key"]
             on_env = {"TUNELOOP_REDIS_URL": redis_url, "TUNELOOP__GATEWAY__CACHE": "{enabled: false}"}
             systems = {
@@ -398,7 +398,7 @@ def train_filter(env: dict, method: str | None = None) -> bool:
     print(f"training the filter classifier ({method or 'the shipped method'})...", flush=True)
     t = time.perf_counter()
     extra = {"TUNELOOP__GATEWAY__FILTER_TRAINING__PARAMS": json.dumps({"method": method})} if method else {}
-    out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json"],
+    out = subprocess.run([sys.executable, "-m", "tuneloop.cli", "filter", "train", "--json"],
                          env={**env, **extra}, capture_output=True, text=True, cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"filter train failed:\n{(out.stdout + out.stderr)[-3000:]}")
@@ -419,7 +419,7 @@ def cost_of(rounds: list[dict], off_rounds: list[dict]) -> dict:
 def memory_check(results: dict) -> None:
     """Say how much memory every server left: a host short of it pages the servers' code in
     and out, and the last servers started run at a fraction of their speed."""
-    from components.serving.slots import available_memory_bytes
+    from tuneloop.serving.slots import available_memory_bytes
 
     available = available_memory_bytes()
     if available is None:
@@ -464,7 +464,7 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
             if client.last_headers.get("x-cache") != "hit":
                 raise RuntimeError(f"a repeated deterministic request was not a cache hit: {client.last_headers}")
             into["client"].append(time.perf_counter() - t)
-            # the app's own time in ms (components/serving/openai_api.py's ProcessingTimeMiddleware)
+            # the app's own time in ms (tuneloop/serving/openai_api.py's ProcessingTimeMiddleware)
             into["server"].append(float(client.last_headers["server-timing"].partition("dur=")[2]) / 1000)
 
     bodies = [{"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,

@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     model_dir = resolve_model(args)
     loaded = load_model(model_dir, num_threads=1)
@@ -154,9 +154,9 @@ def main() -> None:
 
 
 async def run(systems: dict, home: Path, loaded, requests, answers, args) -> None:
-    from components.config import TuneloopConfig
-    from components.gateway.pipeline import Gateway
-    from components.serving.openai_api import create_app
+    from tuneloop.config import TuneloopConfig
+    from tuneloop.gateway.pipeline import Gateway
+    from tuneloop.serving.openai_api import create_app
     from tests.test_serving_engine import make_server
 
     built = {}

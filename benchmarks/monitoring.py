@@ -1,4 +1,4 @@
-"""Monitoring benchmark: one monitoring run (components/monitoring/run.py, what the hourly
+"""Monitoring benchmark: one monitoring run (tuneloop/monitoring/run.py, what the hourly
 flow and `tuneloop monitor` call) over a request log of N logged requests.
 
     python benchmarks/monitoring.py               # 10,000 requests (target: the run under 30 s)
@@ -31,10 +31,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from components.config import TuneloopConfig
-    from components.monitoring.run import monitor
-    from components.requestlog.record import utc_iso
-    from components.requestlog.store import SegmentSink
+    from tuneloop.config import TuneloopConfig
+    from tuneloop.monitoring.run import monitor
+    from tuneloop.requestlog.record import utc_iso
+    from tuneloop.requestlog.store import SegmentSink
 
     sample = ROOT / "data" / "sample" / "train.jsonl"
     rows = [json.loads(line)["messages"] for line in sample.read_text().splitlines() if line.strip()]

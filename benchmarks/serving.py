@@ -83,7 +83,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from components.config import ServingConfig, load_config  # noqa: E402
+from tuneloop.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 
 SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "slots-thread",
@@ -393,7 +393,7 @@ async def drive_http(url: str, requests: list[BenchRequest], send, args, label: 
 
 
 # ---------------------------------------------------------------------------------------
-# agreement with the reference (components/serving/agreement.py)
+# agreement with the reference (tuneloop/serving/agreement.py)
 
 
 async def _greedy_over_http(url: str, prompts: list[dict], max_tokens: int) -> list[str]:
@@ -415,7 +415,7 @@ def measure_agreement(measurables: list[Measurable], reference, serving: Serving
     """label -> agreement: every server's greedy answers on the committed prompts against the
     float32 reference's (as text), and for the slots configurations also the teacher-forced
     top-1 agreement and KL of their forward (in this process)."""
-    from components.serving.agreement import word_prefix
+    from tuneloop.serving.agreement import word_prefix
 
     decode = reference.loaded.tokenizer.decode
     wanted = [decode(a, skip_special_tokens=True) for a in reference.answers]
@@ -581,7 +581,7 @@ def print_comparison(summaries: list[dict]) -> None:
               f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}")
     print("(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
           "used during the run)")
-    print("\nagreement with transformers' float32 answers (components/serving/agreement.py; bar: >= 23/24 "
+    print("\nagreement with transformers' float32 answers (tuneloop/serving/agreement.py; bar: >= 23/24 "
           "greedy answers equal and top-1 >= 0.99):")
     for s in summaries:
         print(f"  {s['system']:<40} {s['output_throughput']:>7.1f} tok/s   {agreement_text(s.get('agreement'))}")
@@ -855,15 +855,15 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
     attention implementation, which the continuous engine refuses), so all can stay up
     while the rounds go round.
     """
-    from components.serving.engine import (
+    from tuneloop.serving.engine import (
         BatchGenerator,
         ContinuousEngine,
         GenerationStream,
         SamplingParams,
         load_model,
     )
-    from components.serving.setup import freeze_heap
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.setup import freeze_heap
+    from tuneloop.serving.slots import SlotEngine
 
     async def consume(stream: GenerationStream, sent: float) -> RequestResult:
         result = RequestResult(prompt_tokens=len(stream.prompt_ids))
@@ -995,7 +995,7 @@ def best_of_candidates(candidates: list[dict]) -> dict:
 def resolve_model(args) -> Path:
     if args.model_dir:
         return args.model_dir.resolve()
-    from components.bootstrap import bootstrap_base_model
+    from tuneloop.bootstrap import bootstrap_base_model
 
     cfg = load_config(None)
     print(f"base model: {cfg.bootstrap_dir} (built on first use, cached after)", flush=True)
@@ -1086,7 +1086,7 @@ def main() -> None:
 
     reference = None
     if args.agreement:  # transformers' float32 answers, computed once for every system
-        from components.serving.agreement import Reference, load_prompts
+        from tuneloop.serving.agreement import Reference, load_prompts
 
         reference = Reference(model_dir, prompts=load_prompts()[:24])
         print(f"agreement reference: transformers float32, 24 prompts, in {reference.seconds:.0f} s; first answer "

@@ -2,7 +2,7 @@
 
     python benchmarks/training_throughput.py [--steps 30] [--batch-size 8] [--json out.json]
 
-Each setup is a real job started by components.training.launch (the same path `tuneloop
+Each setup is a real job started by tuneloop.training.launch (the same path `tuneloop
 train` takes): single process; torchrun with 2 processes and DDP over gloo (NCCL on GPUs);
 the deepspeed launcher with 2 processes and ZeRO-2. Tokens/s counts non-padding tokens
 over all processes inside optimizer steps (first step excluded, see train.py); "wall" is
@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from components.config import BootstrapConfig, TrainingConfig  # noqa: E402
-from components.training.launch import TrainSpec, launch_training  # noqa: E402
+from tuneloop.config import BootstrapConfig, TrainingConfig  # noqa: E402
+from tuneloop.training.launch import TrainSpec, launch_training  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "t0-amazon-polarity" / "amazon_polarity_Is_this_review.jsonl"
 
@@ -48,11 +48,11 @@ SETUPS = [
 def write_examples(path: Path) -> str:
     """Normalised examples as JSONL; returns where they came from."""
     if DATA.is_file():
-        from components.data.formats import load_file
+        from tuneloop.data.formats import load_file
 
         examples, source = load_file(DATA).examples, str(DATA)
     else:
-        from components.data.schema import Example
+        from tuneloop.data.schema import Example
 
         rng = random.Random(0)
         words = "great awful fine broken lovely poor sturdy cheap quick slow".split()
@@ -81,7 +81,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path) -> None:
-    from components.bootstrap import bootstrap_base_model
+    from tuneloop.bootstrap import bootstrap_base_model
 
     base = bootstrap_base_model(BootstrapConfig(steps=0), work / "base", progress=False)
     data = work / "train.jsonl"

@@ -5,7 +5,7 @@
 Configuration (read when this module is imported, so the BentoML decorators get it):
 the YAML named by TUNELOOP_CONFIG (else a built bento's bentos/packaged_config.yaml, else
 configs/default.yaml), section `serving`
-(components/config.py: ServingConfig), plus environment overrides:
+(tuneloop/config.py: ServingConfig), plus environment overrides:
 
     TUNELOOP_SERVE_MODEL_DIR       Hugging Face model folder to serve
     TUNELOOP_SERVE_MODEL_NAME      registered name      } /v1/models id = "<name>:<version>";
@@ -13,7 +13,7 @@ configs/default.yaml), section `serving`
     TUNELOOP_SERVE_ENGINE          adaptive | continuous | slots | vllm
     TUNELOOP__SERVING__<KEY>       any other serving key, e.g. TUNELOOP__SERVING__ALIASES='[tuneloop-chat@champion]'
 
-Packaging seam: a bento must carry its model. The packaging step (components/packaging.py)
+Packaging seam: a bento must carry its model. The packaging step (tuneloop/packaging.py)
 imports the MLflow champion into the BentoML model store and sets `serving.bento_model:
 <name>:<tag>` (plus model_name/model_version/aliases) in bentos/packaged_config.yaml, which
 it puts into the bento next to this file and which is read when TUNELOOP_CONFIG is unset
@@ -21,7 +21,7 @@ it puts into the bento next to this file and which is read when TUNELOOP_CONFIG 
 <bento>`, so the file is found by location, not by variable). This class then declares
 `bentoml.models.BentoModel(tag)` at class level -- which is what makes `bentoml build`
 include the model -- and serves its folder. Without bento_model it serves model_dir /
-the base model (components/serving/setup.py: resolve_model_dir).
+the base model (tuneloop/serving/setup.py: resolve_model_dir).
 
 Engines (serving.engine):
 - adaptive: the routes call `self.to_async.generate_batch([request_id])`, which goes
@@ -31,7 +31,7 @@ Engines (serving.engine):
   leaves this worker process). One left-padded `generate` runs per batch.
 - continuous: transformers' continuous batching manager, called directly.
 - slots (default): our iteration-level batching over per-request KV-cache slots
-  (components/serving/slots.py), called directly.
+  (tuneloop/serving/slots.py), called directly.
 
 BentoML 1.4.40 in-process client bug (field notes; upstream issues 5540/5544): the
 client behind `self.to_async` closes its HTTP session every 100 requests / 300 s while
@@ -53,19 +53,19 @@ from pathlib import Path
 
 import bentoml
 
-from components.config import load_config
-from components.serving.openai_api import (
+from tuneloop.config import load_config
+from tuneloop.serving.openai_api import (
     InternalRoutesGuard,
     OpenAIErrorMiddleware,
     PublicOpenAPISpec,
     create_app,
 )
-from components.serving.untrusted import BENTOML_PATHS, RouteNames, install_log_escaping, protect_bentoml_middlewares
+from tuneloop.serving.untrusted import BENTOML_PATHS, RouteNames, install_log_escaping, protect_bentoml_middlewares
 
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
 log = logging.getLogger("bentoml.tuneloop")
 
-# A built bento carries its config next to this file (written by components/packaging.py);
+# A built bento carries its config next to this file (written by tuneloop/packaging.py);
 # an explicit TUNELOOP_CONFIG still wins, then configs/default.yaml.
 PACKAGED_CONFIG = Path(__file__).with_name("packaged_config.yaml")
 CONFIG = load_config(os.environ.get("TUNELOOP_CONFIG") or (PACKAGED_CONFIG if PACKAGED_CONFIG.exists() else None))
@@ -75,7 +75,7 @@ BATCH_ROUTE = "/internal/generate_batch"
 INTERNAL_TOKEN = secrets.token_hex(32)
 
 app = create_app(max_request_bytes=SERVING.max_request_bytes)
-# What clients send cannot forge log lines or grow /metrics without bound (components/serving/untrusted.py).
+# What clients send cannot forge log lines or grow /metrics without bound (tuneloop/serving/untrusted.py).
 install_log_escaping()
 protect_bentoml_middlewares(RouteNames(app.routes, BENTOML_PATHS))
 
@@ -102,22 +102,22 @@ class TuneloopLLM:
         bento_model = bentoml.models.BentoModel(SERVING.bento_model)
 
     def __init__(self) -> None:
-        from components.serving.admission import AdmissionController
-        from components.serving.engine import BatchGenerator, ContinuousEngine, load_model
-        from components.serving.metrics import ServingMetrics
-        from components.serving.openai_api import OpenAIServer
-        from components.serving.setup import resolve_model_dir, served_model
-        from components.serving.slots import SlotEngine
+        from tuneloop.serving.admission import AdmissionController
+        from tuneloop.serving.engine import BatchGenerator, ContinuousEngine, load_model
+        from tuneloop.serving.metrics import ServingMetrics
+        from tuneloop.serving.openai_api import OpenAIServer
+        from tuneloop.serving.setup import resolve_model_dir, served_model
+        from tuneloop.serving.slots import SlotEngine
 
         served = served_model(SERVING)
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.
         self.metrics = ServingMetrics(model=served.id, engine=SERVING.engine)
-        # Every finished /v1 request, redacted, written off the event loop (components/requestlog).
+        # Every finished /v1 request, redacted, written off the event loop (tuneloop/requestlog).
         # Its redaction process (the default) starts first: it loads Presidio while this process
         # builds the gateway and loads the model. Redacting in the writer thread instead shares
         # the gateway's redactor, so that one starts in the warm-up, once the gateway exists.
-        from components.requestlog.writer import RequestLogMetrics, open_request_log
+        from tuneloop.requestlog.writer import RequestLogMetrics, open_request_log
 
         self.request_log = open_request_log(CONFIG, lambda: self.gateway.pii, RequestLogMetrics())
         app.state.request_log = self.request_log
@@ -125,14 +125,14 @@ class TuneloopLLM:
             self.request_log.start_warm_up()
         # The interface layer (auth, limits, cache, PII, content filter) in front of every /v1
         # route, in this process; set before the server so no /v1 request ever passes without it.
-        from components.gateway.pipeline import Gateway, GatewayMetrics
+        from tuneloop.gateway.pipeline import Gateway, GatewayMetrics
 
         self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
         app.state.gateway = self.gateway
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
         in_child = SERVING.engine == "vllm" or (SERVING.engine == "slots" and SERVING.engine_process)
         if in_child:  # the weights live in the engine's process; this one needs the tokenizer
-            from components.serving.engine import load_tokenizer
+            from tuneloop.serving.engine import load_tokenizer
 
             loaded = load_tokenizer(model_dir)
         else:
@@ -145,17 +145,17 @@ class TuneloopLLM:
 
         self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots" and SERVING.engine_process:
-            from components.serving.engine_process import EngineProcess
+            from tuneloop.serving.engine_process import EngineProcess
 
             self.engine = EngineProcess(loaded, SERVING, on_batch, self.metrics.observe_turn if SERVING.cpu_turns else None)
         elif SERVING.engine == "slots":
             self.engine = SlotEngine.from_config(loaded, SERVING, on_batch)
             if SERVING.cpu_turns and loaded.model.device.type == "cpu":
-                from components.cpu_turns import CPU_TURNS
+                from tuneloop.cpu_turns import CPU_TURNS
 
                 CPU_TURNS.enable(self.metrics.observe_turn)
         elif SERVING.engine == "vllm":
-            from components.serving.vllm_engine import VLLMEngine, vllm_dtype
+            from tuneloop.serving.vllm_engine import VLLMEngine, vllm_dtype
 
             logs = CONFIG.home / "logs"
             logs.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ class TuneloopLLM:
         self._warm_up_task = asyncio.get_running_loop().create_task(self._warm_up())
 
     async def _warm_up(self) -> None:
-        from components.serving.setup import warm_up
+        from tuneloop.serving.setup import warm_up
 
         try:
             if SERVING.engine == "adaptive":
@@ -228,8 +228,8 @@ class TuneloopLLM:
             log.exception("warm-up failed: the service stays not ready")
 
     def _follow_champion(self) -> None:
-        """A new champion in the registry is swapped in without a restart (components/serving/hotswap.py)."""
-        from components.serving.hotswap import ChampionWatcher
+        """A new champion in the registry is swapped in without a restart (tuneloop/serving/hotswap.py)."""
+        from tuneloop.serving.hotswap import ChampionWatcher
 
         if not SERVING.follow_champion_s:
             return
@@ -243,9 +243,9 @@ class TuneloopLLM:
                  SERVING.follow_champion_s)
 
     async def _export_monitoring(self) -> None:
-        """The latest monitoring run's scores on /metrics (components/monitoring/exporter.py)."""
-        from components.monitoring.exporter import MonitoringGauges
-        from components.monitoring.run import LATEST
+        """The latest monitoring run's scores on /metrics (tuneloop/monitoring/exporter.py)."""
+        from tuneloop.monitoring.exporter import MonitoringGauges
+        from tuneloop.monitoring.run import LATEST
 
         gauges = MonitoringGauges(CONFIG.monitoring_dir / LATEST)
         while True:
@@ -368,7 +368,7 @@ class _BentoBatchingBackend:
         import aiohttp
         from bentoml.exceptions import BentoMLException
 
-        from components.serving.errors import InternalError, Unavailable
+        from tuneloop.serving.errors import InternalError, Unavailable
 
         try:
             for attempt in range(1, self.ATTEMPTS + 1):

@@ -1,6 +1,6 @@
 """The deploy flow: champion -> BentoML model -> bento -> infra validation -> deployed.
 
-Each task is a one-line call into components/packaging.py; this file decides retries,
+Each task is a one-line call into tuneloop/packaging.py; this file decides retries,
 logging and the Prefect artifact. Nothing is marked deployed unless the built bento
 answered a completion and a chat completion from the real `bentoml serve`.
 
@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from components.config import TuneloopConfig, load_config
+from tuneloop.config import TuneloopConfig, load_config
 
 
 class DeploymentFailed(Exception):
@@ -27,14 +27,14 @@ class DeploymentFailed(Exception):
 # An MLflow or file-system hiccup is worth one more try; the import is idempotent.
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def import_model(cfg: TuneloopConfig, version: str | None):
-    from components.packaging import import_champion
+    from tuneloop.packaging import import_champion
 
     return import_champion(cfg, version, progress=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
 def build(cfg: TuneloopConfig, model_tag: str, info, target: str | None) -> str:
-    from components.packaging import build_bento
+    from tuneloop.packaging import build_bento
 
     return build_bento(cfg, model_tag, info, target, progress=get_run_logger().info)
 
@@ -42,7 +42,7 @@ def build(cfg: TuneloopConfig, model_tag: str, info, target: str | None) -> str:
 # No retries: a bento that fails validation is an answer, not a glitch.
 @task(cache_policy=NO_CACHE)
 def infra_validate(cfg: TuneloopConfig, bento_tag: str):
-    from components.packaging import infra_validate as validate
+    from tuneloop.packaging import infra_validate as validate
 
     return validate(bento_tag, cfg, progress=get_run_logger().info)
 
@@ -50,14 +50,14 @@ def infra_validate(cfg: TuneloopConfig, bento_tag: str):
 @task(cache_policy=NO_CACHE)
 def conclude(cfg: TuneloopConfig, info, model_tag: str, bento_tag: str, validation, require_champion: bool,
              target: str | None, previous: str | None):
-    from components.packaging import conclude_deployment
+    from tuneloop.packaging import conclude_deployment
 
     return conclude_deployment(cfg, info, model_tag, bento_tag, validation, require_champion, target, previous,
                                progress=get_run_logger().info)
 
 
 def deployment_markdown(cfg: TuneloopConfig, result) -> str:
-    from components.packaging import bento_path, containerize_command
+    from tuneloop.packaging import bento_path, containerize_command
 
     v = result.validation
 
@@ -97,7 +97,7 @@ def deploy_champion_flow(config_path: str | None = None, version: str | None = N
     deployed while it is the champion. Raises DeploymentFailed after writing the artifact
     when nothing was deployed (unless raise_on_failure is False); returns the result.
     """
-    from components.packaging import DeployResult, deployed_bento, not_champion_reason
+    from tuneloop.packaging import DeployResult, deployed_bento, not_champion_reason
 
     cfg = load_config(config_path)
     previous = deployed_bento(cfg)

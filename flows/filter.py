@@ -1,8 +1,8 @@
 """The content filter's own flow: train -> evaluate vs baseline and champion -> bless -> promote.
 
-Each task is a one-line call into components/gateway/filter_training.py. The classifier
+Each task is a one-line call into tuneloop/gateway/filter_training.py. The classifier
 is registered in MLflow as gateway.filter_training.registered_model and promoted with the
-same blessing and alias rules as the LM (components/blessing.py, components/registry.py);
+same blessing and alias rules as the LM (tuneloop/blessing.py, tuneloop/registry.py);
 a server loads it by alias (gateway.filter.classifier, default tuneloop-filter@champion)
 when it starts.
 
@@ -19,34 +19,34 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from components.config import TuneloopConfig, load_config
+from tuneloop.config import TuneloopConfig, load_config
 
 
 @task(cache_policy=NO_CACHE)
 def train(cfg: TuneloopConfig, out_dir: Path, data: Path | None, eval_data: Path | None = None):
-    from components.gateway.filter_training import train_filter
+    from tuneloop.gateway.filter_training import train_filter
 
     return train_filter(cfg, out_dir, data, progress=get_run_logger().info, eval_data=eval_data)
 
 
 @task(cache_policy=NO_CACHE)
 def score_champion(cfg: TuneloopConfig, test_path: Path):
-    from components.gateway.filter_training import score_champion as score
+    from tuneloop.gateway.filter_training import score_champion as score
 
     return score(cfg, test_path)
 
 
 @task(cache_policy=NO_CACHE)
 def register_and_bless(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_metrics, champion_version):
-    from components.gateway.filter_training import register_filter
+    from tuneloop.gateway.filter_training import register_filter
 
     return register_filter(cfg, run_id, metrics, champion_metrics, champion_version)
 
 
 @task(cache_policy=NO_CACHE)
 def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
-    from components.gateway.filter_training import promote_filter
-    from components.registry import PromotionConflict
+    from tuneloop.gateway.filter_training import promote_filter
+    from tuneloop.registry import PromotionConflict
 
     try:
         return promote_filter(cfg, version, blessing, champion_version), None
@@ -60,7 +60,7 @@ def filter_training_flow(config_path: str | None = None, data: str | None = None
                          eval_data: str | None = None) -> dict[str, Any]:
     import mlflow
 
-    from components.tracking import numeric, setup_mlflow
+    from tuneloop.tracking import numeric, setup_mlflow
 
     started = time.time()
     cfg = load_config(config_path)

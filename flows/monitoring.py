@@ -1,7 +1,7 @@
 """The monitoring flow: a window of the request log against the champion's reference and
 the SLOs, every hour (prefect.yaml: `monitoring`), or now with `tuneloop monitor`.
 
-One task calls components/monitoring/run.py (which reads, computes and writes); this flow
+One task calls tuneloop/monitoring/run.py (which reads, computes and writes); this flow
 logs the result to MLflow (experiment tuneloop-monitoring: scores as metrics, the Evidently
 report and the summary as artifacts), publishes it as Prefect artifacts (markdown + a link
 to the report), and emits the events run.py decided on:
@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from components.config import load_config
+from tuneloop.config import load_config
 
 EXPERIMENT = "tuneloop-monitoring"
 
@@ -34,8 +34,8 @@ def emit(event: str, payload: dict, cfg) -> None:
 
 @task(cache_policy=NO_CACHE)
 def monitor_window(cfg, since: str | None, until: str | None) -> dict:
-    from components.monitoring.run import monitor
-    from components.requestlog.store import parse_since
+    from tuneloop.monitoring.run import monitor
+    from tuneloop.requestlog.store import parse_since
 
     return monitor(cfg, parse_since(since), parse_since(until), emit=lambda e, p: emit(e, p, cfg),
                    progress=get_run_logger().info)
@@ -45,7 +45,7 @@ def monitor_window(cfg, since: str | None, until: str | None) -> dict:
 def monitoring_flow(config_path: str | None = None, since: str | None = None, until: str | None = None) -> dict[str, Any]:
     import mlflow
 
-    from components.tracking import numeric, setup_mlflow
+    from tuneloop.tracking import numeric, setup_mlflow
 
     cfg = load_config(config_path)
     result = monitor_window(cfg, since, until)
@@ -60,7 +60,7 @@ def monitoring_flow(config_path: str | None = None, since: str | None = None, un
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None})
         mlflow.log_artifacts(result["dir"], "monitoring")
         result["mlflow_run_id"] = run.info.run_id
-    from components.monitoring.run import summary_markdown
+    from tuneloop.monitoring.run import summary_markdown
 
     create_markdown_artifact(key="monitoring", markdown=summary_markdown(result),
                              description="Drift and service health of the last window")

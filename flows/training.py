@@ -1,6 +1,6 @@
 """The training flow: validate -> train candidates -> evaluate -> bless -> promote -> deploy.
 
-Each task is a one-line call into components/; this file only decides order, retries,
+Each task is a one-line call into tuneloop/; this file only decides order, retries,
 what is logged where, and when to stop. Nothing is promoted from a failed run: a failed
 validation raises before any training, and promotion is the last step.
 
@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from components.config import TuneloopConfig, load_config
+from tuneloop.config import TuneloopConfig, load_config
 
 
 # training keys logged as trained.* params of each candidate (its schedule, however chosen)
@@ -32,15 +32,15 @@ class ValidationFailed(Exception):
 
 @task(cache_policy=NO_CACHE)
 def prepare_base_model(cfg: TuneloopConfig) -> str:
-    from components.bootstrap import ensure_base_model
+    from tuneloop.bootstrap import ensure_base_model
 
     return ensure_base_model(cfg)
 
 
 @task(cache_policy=NO_CACHE)
 def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None):
-    from components.data.dataset import prepare_dataset
-    from components.validation import token_budget
+    from tuneloop.data.dataset import prepare_dataset
+    from tuneloop.validation import token_budget
 
     # The row policies run here, so the prepared folder (and its fingerprint) is what trains.
     prepared = prepare_dataset(cfg, train_path=data, eval_path=eval_data, budget=token_budget(cfg))
@@ -50,7 +50,7 @@ def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None)
 
 @task(cache_policy=NO_CACHE)
 def validate_data(cfg: TuneloopConfig, prepared):
-    from components.validation import validate_prepared
+    from tuneloop.validation import validate_prepared
 
     report = validate_prepared(cfg, prepared)
     create_markdown_artifact(
@@ -68,7 +68,7 @@ def validate_data(cfg: TuneloopConfig, prepared):
 def train_candidate(spec, k8s=None):
     """A real multi-process job, here or as a Kubernetes TrainJob (training.kubernetes.compute);
     its log streams into this task's log. A retry resumes from the last checkpoint."""
-    from components.training.kubernetes import run_training
+    from tuneloop.training.kubernetes import run_training
 
     return run_training(spec, k8s, on_log=get_run_logger().info)
 
@@ -76,7 +76,7 @@ def train_candidate(spec, k8s=None):
 @task(cache_policy=NO_CACHE)
 def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> tuple[dict[str, Any], list[dict]]:
     """(metrics, predictions): every eval row's expected and generated answer."""
-    from components.evaluation import evaluate_model, predictions
+    from tuneloop.evaluation import evaluate_model, predictions
 
     result = evaluate_model(model_ref, examples, cfg.evaluation, progress=False)
     get_run_logger().info("%s: %s", label, json.dumps(
@@ -87,8 +87,8 @@ def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> tuple
 @task(cache_policy=NO_CACHE)
 def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str, examples) -> dict[str, Any]:
     """The behavioural suites (evaluation.behaviour_suite(s)) whose task the eval split is of,
-    on one model: components.behaviour.run_suites' dict (with the skipped suites and why)."""
-    from components.behaviour import run_suites
+    on one model: tuneloop.behaviour.run_suites' dict (with the skipped suites and why)."""
+    from tuneloop.behaviour import run_suites
 
     result = run_suites(model_ref, [cfg.resolve(p) for p in cfg.evaluation.suites], cfg.evaluation, examples)
     for skip in result["skipped"]:
@@ -103,7 +103,7 @@ def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str, examples) -
 @task(cache_policy=NO_CACHE)
 def champion_snapshot(cfg: TuneloopConfig):
     """The champion as seen before evaluation: promotion later compares-and-sets against it."""
-    from components.registry import ModelRegistry
+    from tuneloop.registry import ModelRegistry
 
     registry = ModelRegistry.from_config(cfg)
     champ = registry.champion()
@@ -116,8 +116,8 @@ def champion_snapshot(cfg: TuneloopConfig):
 def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics,
                        champion_version, tags, not_applicable=None):
     """Register the challenger and record the TFX-style blessing on its version."""
-    from components.blessing import bless
-    from components.registry import ModelRegistry
+    from tuneloop.blessing import bless
+    from tuneloop.registry import ModelRegistry
 
     registry = ModelRegistry.from_config(cfg)
     version = registry.register(run_id, model_dir, tags=tags)
@@ -131,7 +131,7 @@ def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics
 @task(cache_policy=NO_CACHE)
 def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
     """Compare-and-set against the champion seen before evaluation; returns (promotion, refusal)."""
-    from components.registry import ModelRegistry, PromotionConflict
+    from tuneloop.registry import ModelRegistry, PromotionConflict
 
     try:
         promotion = ModelRegistry.from_config(cfg).promote(
@@ -153,7 +153,7 @@ def with_init_from(cfg: TuneloopConfig, init_from: str) -> TuneloopConfig:
 
 
 def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
-    from components.privacy import redact
+    from tuneloop.privacy import redact
 
     wrong = [r for r in rows if not r["label_match"]][:limit]
     return [{"id": r["id"], "expected": redact(r["expected"]), "generated": redact(r["generated"])} for r in wrong]
@@ -169,9 +169,9 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
     passes the monitoring event's choice (monitoring.retrain_init_from)."""
     import mlflow
 
-    from components.report import write_report
-    from components.tracking import log_lineage, setup_mlflow
-    from components.training.launch import candidate_specs
+    from tuneloop.report import write_report
+    from tuneloop.tracking import log_lineage, setup_mlflow
+    from tuneloop.training.launch import candidate_specs
 
     started = time.time()
     cfg = load_config(config_path)
@@ -251,7 +251,7 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id}, not_applicable,
         )
         # What the monitoring flow compares served prompts with, kept with this version.
-        from components.monitoring.reference import log_reference
+        from tuneloop.monitoring.reference import log_reference
 
         log_reference(child_run, prepared.train, cfg.monitoring.drift.reference_rows, cfg.mlflow_tracking_uri)
         report_paths = write_report(run_root / "report", histories, metrics_table, blessing,

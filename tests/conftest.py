@@ -36,8 +36,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 def demo_base_model() -> Path:
     """The default bootstrap base model, built once into the checkout's cache (.tuneloop/),
     the same folder `make demo` uses, so the suite and the demo pay for it once."""
-    from components.bootstrap import ensure_base_model
-    from components.config import load_config
+    from tuneloop.bootstrap import ensure_base_model
+    from tuneloop.config import load_config
 
     cfg = load_config(ROOT / "configs" / "default.yaml", environ={})
     return Path(ensure_base_model(cfg))

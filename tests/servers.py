@@ -15,7 +15,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from components.ports import free_port  # noqa: F401  (tests import it from here)
+from tuneloop.ports import free_port  # noqa: F401  (tests import it from here)
 
 BIN = Path(sys.executable).parent
 

@@ -1,4 +1,4 @@
-"""The agreement check (components/serving/agreement.py): a served configuration against
+"""The agreement check (tuneloop/serving/agreement.py): a served configuration against
 transformers' float32 forward of the same model, on the demo model (SmolLM2's check is in
 test_real_model.py). The default passes the bar; the full-bfloat16 fused forward does not."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import ServingConfig
-from components.serving import agreement
+from tuneloop.config import ServingConfig
+from tuneloop.serving import agreement
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,10 @@ import re
 import pytest
 import yaml
 
-from components.behaviour import SuiteError, load_suite, parse_suite, run_suite, score_suite
-from components.blessing import bless
-from components.config import REPO_ROOT, ConfigError, EvaluationConfig, MetricThreshold, load_config
-from components.report import write_report
+from tuneloop.behaviour import SuiteError, load_suite, parse_suite, run_suite, score_suite
+from tuneloop.blessing import bless
+from tuneloop.config import REPO_ROOT, ConfigError, EvaluationConfig, MetricThreshold, load_config
+from tuneloop.report import write_report
 
 SUITES = REPO_ROOT / "configs" / "behaviour"
 
@@ -236,8 +236,8 @@ def test_untrained_base_model_fails_the_sample_suite(demo_base_model):
 def test_a_suite_of_another_task_is_skipped_and_one_of_the_same_task_runs(demo_base_model, tmp_path):
     """Suites follow the data: each says its task (task.recognise); a run on a dataset of
     another task skips it with the reason, and blessing skips thresholds on its metrics."""
-    from components.behaviour import run_suites
-    from components.data.formats import load_file
+    from tuneloop.behaviour import run_suites
+    from tuneloop.data.formats import load_file
 
     suites = [SUITES / "tickets.yaml", SUITES / "sample.yaml"]
     cfg = EvaluationConfig(max_new_tokens=4, batch_size=16)

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from components.blessing import Blessing, bless, metric_deltas
-from components.config import BlessingConfig, MetricThreshold
+from tuneloop.blessing import Blessing, bless, metric_deltas
+from tuneloop.config import BlessingConfig, MetricThreshold
 
 
 def T(metric, lower=None, upper=None, direction=None, absolute=None, relative=None):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from components import bootstrap
-from components.bootstrap import MARKER_FILE, BootstrapError, bootstrap_base_model, read_marker
-from components.config import BootstrapConfig
+from tuneloop import bootstrap
+from tuneloop.bootstrap import MARKER_FILE, BootstrapError, bootstrap_base_model, read_marker
+from tuneloop.config import BootstrapConfig
 
 # Small enough to build in a few seconds on 2 cores, big enough for the loss to move.
 SMALL = dict(vocab_size=512, n_layer=2, n_embd=64, n_head=4, steps=30, batch_size=8, block_size=64)

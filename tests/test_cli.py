@@ -75,9 +75,9 @@ def test_registry_history_and_rollback_verbs(tmp_path):
 
     import mlflow
 
-    from components.config import load_config
-    from components.registry import ModelRegistry
-    from components.tracking import setup_mlflow
+    from tuneloop.config import load_config
+    from tuneloop.registry import ModelRegistry
+    from tuneloop.tracking import setup_mlflow
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
     env["TUNELOOP_HOME"] = str(tmp_path / "home")
@@ -166,8 +166,8 @@ def test_prefect_runs_offline_without_telemetry_unless_asked(monkeypatch):
     database (`database is locked` in `make demo`): the CLI turns analytics off by default
     (measured: no TELEMETRY_SESSION row in the ephemeral database afterwards) and leaves a
     user's own setting alone."""
-    from components.cli import _use_prefect
-    from components.config import load_config
+    from tuneloop.cli import _use_prefect
+    from tuneloop.config import load_config
 
     cfg = load_config(None, environ={})
     monkeypatch.setattr(os, "environ", {})  # what _use_prefect sets stays inside this test

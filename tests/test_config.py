@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import REPO_ROOT, ConfigError, load_config
+from tuneloop.config import REPO_ROOT, ConfigError, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

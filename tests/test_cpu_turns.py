@@ -1,4 +1,4 @@
-"""The CPU's turns (components/cpu_turns.py): the engine's steps and the filter's encoder
+"""The CPU's turns (tuneloop/cpu_turns.py): the engine's steps and the filter's encoder
 batches never run at the same time, turns go in arrival order, time held is counted."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from components.cpu_turns import CpuTurns
+from tuneloop.cpu_turns import CpuTurns
 
 
 def test_off_turns_cost_nothing_and_count_nothing():

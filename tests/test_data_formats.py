@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from components.data.formats import DataError, LoadResult, load_file
+from tuneloop.data.formats import DataError, LoadResult, load_file
 
 
 def write(path: Path, text: str | bytes) -> Path:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from components.config import TuneloopConfig, ValidationConfig
-from components.data.dataset import load_prepared, prepare_dataset
-from components.data.policies import TokenBudget, apply_length_policy, apply_pii_policy, truncate_to_fit
-from components.data.schema import Example
-from components.validation import example_text, token_budget, token_limit, validate_prepared
+from tuneloop.config import TuneloopConfig, ValidationConfig
+from tuneloop.data.dataset import load_prepared, prepare_dataset
+from tuneloop.data.policies import TokenBudget, apply_length_policy, apply_pii_policy, truncate_to_fit
+from tuneloop.data.schema import Example
+from tuneloop.validation import example_text, token_budget, token_limit, validate_prepared
 
 
 def words(ex: Example) -> int:
@@ -219,8 +219,8 @@ def test_truncate_a_chat_drops_the_earliest_turns_keeps_system_and_the_last_ques
 def test_truncated_rows_train_with_their_whole_answer_in_a_real_tokenizer(tmp_path):
     """Measured as training encodes them (chat template included): after truncation the
     encoded row fits max_length and every completion token is still learnt."""
-    from components.bootstrap import build_tokenizer
-    from components.formatting import IGNORE_INDEX, count_tokens, encode_example
+    from tuneloop.bootstrap import build_tokenizer
+    from tuneloop.formatting import IGNORE_INDEX, count_tokens, encode_example
 
     docs = ["The quick brown fox jumps over the lazy dog. " * 20, "What is the capital of France? Paris."]
     tok = build_tokenizer(docs, vocab_size=400, model_max_length=512)
@@ -268,7 +268,7 @@ def test_the_limit_follows_training_max_length_and_the_context_window(tmp_path):
 def test_token_budget_reads_the_base_models_tokenizer_and_context_window(tmp_path):
     from transformers import GPT2Config
 
-    from components.bootstrap import build_tokenizer
+    from tuneloop.bootstrap import build_tokenizer
 
     model = tmp_path / "model"
     build_tokenizer(["a few words to learn from " * 10], vocab_size=300, model_max_length=4096).save_pretrained(model)

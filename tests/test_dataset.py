@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from components.config import REPO_ROOT, TuneloopConfig
-from components.data.dataset import (
+from tuneloop.config import REPO_ROOT, TuneloopConfig
+from tuneloop.data.dataset import (
     load_prepared,
     prepare_dataset,
     read_examples,
     split_examples,
 )
-from components.data.formats import DataError, load_file
-from components.data.sample import write_sample
+from tuneloop.data.formats import DataError, load_file
+from tuneloop.data.sample import write_sample
 
 
 def make_cfg(tmp_path: Path, **data) -> TuneloopConfig:
@@ -214,7 +214,7 @@ def test_sample_regenerates_byte_identical(tmp_path):
     written = write_sample(tmp_path)
     assert sorted(p.name for p in written) == ["README.md", "train.jsonl"]
     for p in written:
-        assert p.read_bytes() == (SAMPLE / p.name).read_bytes(), f"{p.name} differs: rerun components.data.sample"
+        assert p.read_bytes() == (SAMPLE / p.name).read_bytes(), f"{p.name} differs: rerun tuneloop.data.sample"
 
 
 def test_sample_is_clean_and_balanced(tmp_path):
@@ -235,9 +235,9 @@ def test_sample_is_clean_and_balanced(tmp_path):
 def test_generated_task_sets_regenerate_byte_identical(tmp_path):
     """The sets the project generates (data/tickets for configs/smollm2.yaml, data/injections
     for the content filter) are what their generators write, byte for byte."""
-    from components.config import REPO_ROOT
-    from components.data.tickets import write as write_tickets
-    from components.gateway.injection_data import write as write_injections
+    from tuneloop.config import REPO_ROOT
+    from tuneloop.data.tickets import write as write_tickets
+    from tuneloop.gateway.injection_data import write as write_injections
 
     for write, folder in ((write_tickets, "tickets"), (write_injections, "injections")):
         out = tmp_path / folder
@@ -253,9 +253,9 @@ def test_the_ticket_task_splits_by_ticket_and_its_majority_label_is_far_from_a_p
     answering the commonest class scores far below the blessing's bar."""
     from collections import Counter
 
-    from components.config import REPO_ROOT, load_config
-    from components.data.dataset import prepare_dataset
-    from components.data.tickets import TEMPLATES
+    from tuneloop.config import REPO_ROOT, load_config
+    from tuneloop.data.dataset import prepare_dataset
+    from tuneloop.data.tickets import TEMPLATES
 
     cfg = load_config(REPO_ROOT / "configs" / "smollm2.yaml", environ={"TUNELOOP_HOME": str(tmp_path)})
     prepared = prepare_dataset(cfg)

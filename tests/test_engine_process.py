@@ -1,5 +1,5 @@
 """The slots engine in a process of its own (serving.engine_process,
-components/serving/engine_process.py): the same tokens as generate() for many requests that
+tuneloop/serving/engine_process.py): the same tokens as generate() for many requests that
 join, queue and leave; cancellation frees the child's slot; a child that dies fails its
 running requests with 503 at once and turns the server not ready; stopping ends running and
 queued streams; a model the child cannot load is reported, not hung on. Through the real
@@ -28,13 +28,13 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(folder):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(folder, num_threads=1)
 
 
 def serving(**kw):
-    from components.config import ServingConfig
+    from tuneloop.config import ServingConfig
 
     return ServingConfig.model_validate({"engine_process": True, "compile": False, "num_threads": 1,
                                          "dtype": "float32", **kw})
@@ -42,8 +42,8 @@ def serving(**kw):
 
 def run(folder, test, **settings):
     """await test(engine) against an EngineProcess over folder's model; stopped after."""
-    from components.serving.engine import load_tokenizer
-    from components.serving.engine_process import EngineProcess
+    from tuneloop.serving.engine import load_tokenizer
+    from tuneloop.serving.engine_process import EngineProcess
 
     sizes: list[int] = []
 
@@ -60,7 +60,7 @@ def run(folder, test, **settings):
 
 
 def stream(rid, ids, max_tokens):
-    from components.serving.engine import GenerationStream, SamplingParams
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
 
     return GenerationStream(rid, ids, SamplingParams(max_new_tokens=max_tokens, temperature=0.0))
 
@@ -72,7 +72,7 @@ def test_greedy_through_the_child_equals_generate_with_joins_leaves_and_a_queue(
         assert engine.is_running and engine.forward_name == "fused", engine.failed
         streams = []
         for i, (ids, params) in enumerate(specs):
-            from components.serving.engine import GenerationStream
+            from tuneloop.serving.engine import GenerationStream
 
             streams.append(GenerationStream(f"s{i}", ids, params))
             engine.submit(streams[-1])
@@ -109,7 +109,7 @@ def test_a_child_that_dies_fails_its_requests_at_once_and_is_restarted(folder, l
     says when to retry, and a new child serves again with the same weights (greedy equal)."""
     import time
 
-    from components.serving.errors import Unavailable
+    from tuneloop.serving.errors import Unavailable
 
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
@@ -143,7 +143,7 @@ def test_crashes_faster_than_restarts_mend_them_give_up(folder, loaded, monkeypa
     """More than MAX_RESTARTS crashes within the window: gave_up (the server's /livez then fails)."""
     import time
 
-    from components.serving import engine_process
+    from tuneloop.serving import engine_process
 
     monkeypatch.setattr(engine_process, "MAX_RESTARTS", 1)
     monkeypatch.setattr(engine_process, "RESTART_MAX_DELAY_S", 0.2)
@@ -182,11 +182,11 @@ def test_stopping_ends_running_and_queued_streams(folder, loaded):
 
 
 def test_a_model_the_child_cannot_load_is_reported_not_waited_on(tmp_path):
-    from components.serving.engine_process import EngineProcess
-    from components.serving.errors import Unavailable
+    from tuneloop.serving.engine_process import EngineProcess
+    from tuneloop.serving.errors import Unavailable
 
     folder = build_tiny_model(tmp_path / "m")
-    from components.serving.engine import load_tokenizer
+    from tuneloop.serving.engine import load_tokenizer
 
     loaded = load_tokenizer(folder)
     (folder / "model.safetensors").write_bytes(b"not a safetensors file")
@@ -207,8 +207,8 @@ def test_a_model_the_child_cannot_load_is_reported_not_waited_on(tmp_path):
 def test_errors_cross_the_process_boundary_as_the_server_can_read_them():
     import pickle
 
-    from components.serving.engine_process import _portable
-    from components.serving.errors import InvalidRequest
+    from tuneloop.serving.engine_process import _portable
+    from tuneloop.serving.errors import InvalidRequest
 
     err = pickle.loads(pickle.dumps(_portable(InvalidRequest("too long", param="messages"))))
     assert isinstance(err, InvalidRequest) and err.status == 400 and err.message == "too long"

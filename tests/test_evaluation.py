@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from components.blessing import bless
-from components.config import BootstrapConfig, EvaluationConfig, MetricThreshold
-from components.data.schema import Example
-from components.evaluation import (
+from tuneloop.blessing import bless
+from tuneloop.config import BootstrapConfig, EvaluationConfig, MetricThreshold
+from tuneloop.data.schema import Example
+from tuneloop.evaluation import (
     answer_tokens,
     evaluate_model,
     exact_match,
@@ -17,7 +17,7 @@ from components.evaluation import (
     rouge_l,
     token_f1,
 )
-from components.report import write_report
+from tuneloop.report import write_report
 
 # ---- metric functions ------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def test_rouge_l(pred, ref, score):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """The real bootstrap builder, untrained (steps=0) and shrunk: ~7 s on 2 cores."""
-    from components.bootstrap import bootstrap_base_model
+    from tuneloop.bootstrap import bootstrap_base_model
 
     cfg = BootstrapConfig(vocab_size=300, n_layer=2, n_embd=64, n_head=2, context_length=128,
                           block_size=32, steps=0)
@@ -144,7 +144,7 @@ def test_loss_matches_training_masking_and_hf_loss(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.formatting import IGNORE_INDEX, encode_example
+    from tuneloop.formatting import IGNORE_INDEX, encode_example
 
     examples = make_examples(6)
     result = evaluate_model(tiny_model, examples, EvaluationConfig(max_new_tokens=1, batch_size=4), progress=False)
@@ -239,13 +239,13 @@ def test_write_report(tmp_path):
     ("Billing department", "Billing", 0.0),
 ])
 def test_label_match(pred, ref, match):
-    from components.evaluation import label_match
+    from tuneloop.evaluation import label_match
 
     assert label_match(pred, ref) == match
 
 
 def _row(i, ref, gen, template=None, label=None):
-    from components.evaluation import EvalRow, exact_match, label_match
+    from tuneloop.evaluation import EvalRow, exact_match, label_match
 
     return EvalRow(id=f"r{i}", prompt="p", reference=ref, generation=gen, em=exact_match(gen, ref), f1=0.0,
                    rouge_l=0.0, generated_tokens=1, label_match=label_match(gen, ref), template=template,
@@ -253,7 +253,7 @@ def _row(i, ref, gen, template=None, label=None):
 
 
 def test_majority_and_per_template_label_metrics():
-    from components.evaluation import label_metrics
+    from tuneloop.evaluation import label_metrics
 
     rows = [_row(0, "Yes", "Yes", "a", "pos"), _row(1, "Yes", "No", "a", "pos"), _row(2, "No", "No", "a", "neg"),
             _row(3, "Positive", "Positive.", "b", "pos"), _row(4, "Negative", "Positive", "b", "neg"),
@@ -274,7 +274,7 @@ def test_evaluation_reads_template_and_label_fields(tiny_model):
     m = result.metrics
     assert {"label_accuracy", "majority_label", "majority_label_per_template",
             "label_accuracy/template:t0", "label_accuracy/template:t1", "label_accuracy/label:L"} <= set(m)
-    from components.evaluation import predictions
+    from tuneloop.evaluation import predictions
 
     preds = predictions(result)
     assert [p["id"] for p in preds] == [e.example_id for e in examples]

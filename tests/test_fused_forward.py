@@ -1,5 +1,5 @@
 """The slots engine's fused forward for Llama- and GPT-2-architecture models
-(components/serving/fused_forward.py): the same logits as transformers' forward over ragged
+(tuneloop/serving/fused_forward.py): the same logits as transformers' forward over ragged
 batches (float32 and bfloat16, grouped-query heads), the same greedy tokens as `generate` while
 requests join, queue, leave, move between slots and prefill in chunks, seeded sampling and
 penalties equal to the other engines, weight swaps seen through the fused weights, and
@@ -36,14 +36,14 @@ def arch(request):
 
 @pytest.fixture(scope="module")
 def loaded(folders, arch):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(folders[arch]["a"], num_threads=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_logits_equal_transformers_over_a_ragged_batch(loaded, arch, dtype):
-    from components.serving.fused_forward import check_against_transformers, fused_forward_for
+    from tuneloop.serving.fused_forward import check_against_transformers, fused_forward_for
 
     model = copy.deepcopy(loaded.model).to(dtype)
     fused = fused_forward_for(model, max_len=64)
@@ -61,8 +61,8 @@ def test_fused_logits_equal_transformers_over_a_ragged_batch(loaded, arch, dtype
 def test_fused_weights_are_the_models_own_memory(folders):
     """Llama's q|k|v and gate|up are fused into one tensor each; the model's layers are views of
     it, so a swap that copies into the model's state_dict changes what the fused forward computes."""
-    from components.serving.engine import load_model
-    from components.serving.fused_forward import FusedLlama
+    from tuneloop.serving.engine import load_model
+    from tuneloop.serving.fused_forward import FusedLlama
 
     model = load_model(folders["llama"]["a"], num_threads=1).model
     fused = FusedLlama(model, max_len=64)
@@ -87,7 +87,7 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded):
 def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(loaded):
     """max_prefill_tokens 16: the 248-token prompt takes 16 steps of prefill, during which the
     request already running keeps getting a token every step; all of them as `generate`."""
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: loaded.context_length - 8]
     short = loaded.tokenizer(PROMPTS[0])["input_ids"]
@@ -104,7 +104,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(loaded):
 
 
 def test_seeded_sampling_and_penalties_equal_the_adaptive_engine(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     ids = loaded.tokenizer(PROMPTS[1])["input_ids"]
     seeded = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=1234)
@@ -116,8 +116,8 @@ def test_seeded_sampling_and_penalties_equal_the_adaptive_engine(loaded):
 
 
 def test_a_weight_swap_reaches_the_fused_forward(folders, loaded, arch):
-    from components.serving.engine import GenerationStream, SamplingParams, load_model
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams, load_model
+    from tuneloop.serving.slots import SlotEngine
 
     lb = load_model(folders[arch]["b"], num_threads=1)
     prompt = loaded.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"]
@@ -148,8 +148,8 @@ def test_a_weight_swap_reaches_the_fused_forward(folders, loaded, arch):
 def test_transformers_forward_where_the_fused_one_does_not_serve(loaded, tmp_path, monkeypatch, caplog):
     from transformers import AutoModelForCausalLM
 
-    from components.serving import fused_forward
-    from components.serving.engine import load_model
+    from tuneloop.serving import fused_forward
+    from tuneloop.serving.engine import load_model
 
     # GPT-2 with erf GELU: not an activation the fused forward has
     model = AutoModelForCausalLM.from_pretrained(loaded.path)
@@ -171,7 +171,7 @@ def test_transformers_forward_where_the_fused_one_does_not_serve(loaded, tmp_pat
     monkeypatch.setattr(fused_forward, "TOLERANCE", {torch.float32: -1.0, torch.bfloat16: -1.0})
     engines = []
     specs = many_specs(loaded, n=4)
-    with caplog.at_level(logging.WARNING, logger="components.serving.slots"):
+    with caplog.at_level(logging.WARNING, logger="tuneloop.serving.slots"):
         assert_greedy_matches(loaded, specs, run_slots(loaded, specs, engine_out=engines, forward="fused"))
     assert engines[0].forward_name == "transformers"
     assert "fused forward disagrees with transformers'" in caplog.text

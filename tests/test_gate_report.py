@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ValidationConfig
-from components.data.schema import Example
-from components.gate_report import REPORT_NAME, render_gate_report
-from components.validation import MAX_LISTED_IDS, ExpectationOutcome, ValidationReport, validate_dataset
+from tuneloop.config import ValidationConfig
+from tuneloop.data.schema import Example
+from tuneloop.gate_report import REPORT_NAME, render_gate_report
+from tuneloop.validation import MAX_LISTED_IDS, ExpectationOutcome, ValidationReport, validate_dataset
 from tests.test_validation import chat
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -28,7 +28,7 @@ from tests.test_serving_engine import make_server, raw, sdk
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
@@ -47,7 +47,7 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def gateway_config(home: Path, **gateway):
-    from components.config import TuneloopConfig
+    from tuneloop.config import TuneloopConfig
 
     # The checks in threads of this process: these tests replace the analyzer to make faults;
     # the checks' own process is tested in test_gateway_guard_process.py and the served stack.
@@ -58,9 +58,9 @@ def gateway_config(home: Path, **gateway):
 def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
     """Run `await test(apps, gateways)`: `replicas` apps, each with its own Gateway built from
     cfg (sharing cfg's key store and Redis, as replicas do), over one live engine."""
-    from components.gateway.pipeline import Gateway
-    from components.serving.engine import ContinuousEngine
-    from components.serving.openai_api import create_app
+    from tuneloop.gateway.pipeline import Gateway
+    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.openai_api import create_app
 
     async def main():
         engine = backend
@@ -101,7 +101,7 @@ def err(r) -> dict:
 
 
 def test_every_bad_key_is_401_and_keys_are_hashed_at_rest(loaded, tmp_path):
-    from components.gateway.keys import KeyStore, load_pepper
+    from tuneloop.gateway.keys import KeyStore, load_pepper
 
     cfg = gateway_config(tmp_path)
 
@@ -156,7 +156,7 @@ def test_every_bad_key_is_401_and_keys_are_hashed_at_rest(loaded, tmp_path):
 
 
 def test_revocation_and_expiry_apply_on_the_next_request(loaded, tmp_path):
-    from components.gateway.keys import KeyStore, load_pepper
+    from tuneloop.gateway.keys import KeyStore, load_pepper
 
     cfg = gateway_config(tmp_path)
 
@@ -164,7 +164,7 @@ def test_revocation_and_expiry_apply_on_the_next_request(loaded, tmp_path):
         # Another process's view of the same store, as `tuneloop keys` has it.
         cli = KeyStore(f"sqlite:///{tmp_path / 'gateway' / 'keys.db'}", load_pepper(tmp_path / "gateway" / "pepper"))
         record, key = cli.create("bob", "paid")
-        short, short_key = cli.create("brief", "paid", expires_at=__import__("components.gateway.keys", fromlist=["x"])
+        short, short_key = cli.create("brief", "paid", expires_at=__import__("tuneloop.gateway.keys", fromlist=["x"])
                                       .parse_expiry("1m"))
         clients = [raw(a) for a in apps]
         for c in clients:
@@ -175,7 +175,7 @@ def test_revocation_and_expiry_apply_on_the_next_request(loaded, tmp_path):
             assert r.status_code == 401 and "revoked" in err(r)["message"]
         # expiry: move the clock of the row, not of the test
         import sqlalchemy as sa
-        from components.gateway.keys import api_keys
+        from tuneloop.gateway.keys import api_keys
 
         with cli.engine.begin() as conn:
             conn.execute(api_keys.update().where(api_keys.c.id == short.id)
@@ -193,7 +193,7 @@ def test_a_replica_reads_a_key_row_again_only_after_a_commit(tmp_path):
     very store) still applies from the next request on."""
     import sqlalchemy as sa
 
-    from components.gateway.keys import InvalidKey, KeyStore
+    from tuneloop.gateway.keys import InvalidKey, KeyStore
 
     url, pepper = f"sqlite:///{tmp_path / 'keys.db'}", b"pepper"
     server, cli = KeyStore(url, pepper), KeyStore(url, pepper)
@@ -360,7 +360,7 @@ def test_a_generation_request_is_one_limiter_call_and_its_refund_rides_along(loa
     what it did not use with the key's next call (or within REFUND_DELAY_S for the other
     replicas); a key certainly over its request limit is refused before any work, without a
     call; an error before the reservation still counts."""
-    import components.gateway.limiter as limiter
+    import tuneloop.gateway.limiter as limiter
 
     monkeypatch.setattr(limiter, "REFUND_DELAY_S", 1.0)  # longer than a request here, however slow the host
     cfg = gateway_config(tmp_path, redis_url=redis_url)
@@ -454,7 +454,7 @@ def test_headers_on_every_v1_response(loaded, tmp_path):
 def test_processing_time_headers_agree_at_a_half_millisecond(monkeypatch):
     """Both time headers come from one reading: 0.5004 ms is "0.500" and "0" (CI once saw
     "0.500" next to "1", the whole milliseconds rounded from the unrounded reading)."""
-    from components.serving import openai_api
+    from tuneloop.serving import openai_api
 
     readings = iter([10.0, 10.0 + 0.0005004])
     monkeypatch.setattr(openai_api.time, "perf_counter", lambda: next(readings))
@@ -474,7 +474,7 @@ def test_processing_time_headers_agree_at_a_half_millisecond(monkeypatch):
 
 
 def test_duration_format():
-    from components.gateway.limiter import format_duration
+    from tuneloop.gateway.limiter import format_duration
 
     assert [format_duration(s) for s in (0, 0.12, 0.9999, 1, 17.5, 360, 3723)] == \
         ["0s", "120ms", "1000ms", "1s", "17.5s", "6m0s", "1h2m3s"]
@@ -486,7 +486,7 @@ def test_duration_format():
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_redis_stopped_mid_traffic_then_back(loaded, tmp_path, mode):
-    from components.gateway.pipeline import GatewayMetrics
+    from tuneloop.gateway.pipeline import GatewayMetrics
     from prometheus_client import CollectorRegistry
 
     port = __import__("tests.servers", fromlist=["free_port"]).free_port()
@@ -610,8 +610,8 @@ def test_cache_hits_only_for_the_same_tenant_model_version_and_deterministic_req
         if backend == "redis":
             # a hit over the request limit is refused (429), its unit not taken: another
             # replica took this key's last unit, which this one has not seen
-            from components.gateway.limiter import RedisLimiter
-            from components.gateway.redis_health import RedisHealth
+            from tuneloop.gateway.limiter import RedisLimiter
+            from tuneloop.gateway.redis_health import RedisHealth
 
             record, c = keys.create("c", "paid", requests_per_minute=2)
             assert (await post(c)).headers["x-cache"] == "miss"
@@ -713,7 +713,7 @@ def test_auth_off_says_so_loudly(loaded, tmp_path, caplog):
 
 
 # ---------------------------------------------------------------------------------------
-# PII through the routes (components/gateway/pii.py has its own tests on the corpus)
+# PII through the routes (tuneloop/gateway/pii.py has its own tests on the corpus)
 
 PLANTED = {
     "email": "jane.doe@example.org",
@@ -776,7 +776,7 @@ def _assert_clean(text: str, where: str) -> None:
 def test_pii_never_reaches_the_model_and_block_mode_refuses(loaded, tmp_path, caplog):
     import logging
 
-    from components.serving.engine import ContinuousEngine
+    from tuneloop.serving.engine import ContinuousEngine
 
     cfg = gateway_config(tmp_path, auth="off", pii={"mode": "redact", "outputs": "redact"})
     engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)
@@ -925,7 +925,7 @@ def test_pii_analysis_failure_refuses_the_request(loaded, tmp_path):
 
 
 def test_micro_batcher_groups_concurrent_callers_and_keeps_each_answer_its_own():
-    from components.gateway.content_filter import MicroBatcher
+    from tuneloop.gateway.content_filter import MicroBatcher
 
     sizes = []
 
@@ -953,8 +953,8 @@ def test_a_classifier_in_another_process_is_awaited_not_handed_to_a_thread():
     throughput. Concurrent checks still go in batches, each answer its own."""
     import threading
 
-    from components.config import FilterConfig
-    from components.gateway.content_filter import ContentFilter, RuleSet
+    from tuneloop.config import FilterConfig
+    from tuneloop.gateway.content_filter import ContentFilter, RuleSet
 
     class Remote:
         threshold = 0.5
@@ -983,8 +983,8 @@ def test_a_classifier_in_another_process_is_awaited_not_handed_to_a_thread():
 
 
 def test_classifier_flags_block_by_default_and_annotate_when_configured():
-    from components.config import FilterConfig
-    from components.gateway.content_filter import ContentFilter, RuleSet
+    from tuneloop.config import FilterConfig
+    from tuneloop.gateway.content_filter import ContentFilter, RuleSet
 
     class Threshold:  # a stand-in scorer with the classifier's interface: scores = fixed numbers
         threshold = 0.5

@@ -1,4 +1,4 @@
-"""The content filter's stage-2 classifier (components/gateway/filter_model.py).
+"""The content filter's stage-2 classifier (tuneloop/gateway/filter_model.py).
 
 Validation tests run anywhere. The training tests use the real labelled set next to the
 checkout (../shared/data/prompt-injections/train.parquet) and the packaged all-MiniLM-L6-v2
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from components.gateway import filter_model as fm
+from tuneloop.gateway import filter_model as fm
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompt-injections" / "train.parquet"
 TARGET_FPR = 0.05
@@ -311,8 +311,8 @@ def test_a_classifier_saved_before_the_cascade_scores_as_it_was_trained(with_enc
 def test_the_default_scores_without_a_transformer_pass(trained, with_encoder, split):
     """The default's segment embeddings come from the distilled table: scoring runs no torch
     module and takes no CPU turn from the engine."""
-    from components.cpu_turns import CpuTurns
-    from components.embeddings import StaticEmbeddings
+    from tuneloop.cpu_turns import CpuTurns
+    from tuneloop.embeddings import StaticEmbeddings
 
     clf, _ = trained
     _, test = split
@@ -321,7 +321,7 @@ def test_the_default_scores_without_a_transformer_pass(trained, with_encoder, sp
     assert table.table.shape == (30522, 384) and table.table.dtype == np.float16
     turns = CpuTurns()
     turns.enable()
-    import components.gateway.filter_model as module
+    import tuneloop.gateway.filter_model as module
 
     original, module.CPU_TURNS = module.CPU_TURNS, turns
     try:

@@ -1,4 +1,4 @@
-"""The gateway's checks in their own process (components/gateway/guard_process.py): the same
+"""The gateway's checks in their own process (tuneloop/gateway/guard_process.py): the same
 answers as in-process, and faults that refuse (never pass unchecked) and heal.
 
 - a child with Presidio and a classifier answers `find` and `scores` exactly as the
@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from components.config import PiiConfig
-from components.gateway.guard_process import MAX_IN_FLIGHT, GuardFailed, GuardProcess
+from tuneloop.config import PiiConfig
+from tuneloop.gateway.guard_process import MAX_IN_FLIGHT, GuardFailed, GuardProcess
 from tests.test_gateway import PLANTED, PLANTED_TEXT, ScriptedModel, _assert_clean, gateway_config, loaded  # noqa: F401
 from tests.test_serving_engine import raw, sdk
 
@@ -37,7 +37,7 @@ BENIGN = [f"What is a good recipe for {x}?" for x in (
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory):
-    from components.gateway import filter_model as fm
+    from tuneloop.gateway import filter_model as fm
 
     df = pd.DataFrame({"text": INJECTIONS + BENIGN, "label": [1] * len(INJECTIONS) + [0] * len(BENIGN)})
     clf = fm.train_classifier(df, 0.05, 0, {"char_min_df": 1})
@@ -50,8 +50,8 @@ def _spec(tmp_path, classifier_dir, pii: bool = True) -> dict:
 
 
 def test_the_child_answers_as_the_in_process_checks_do(tmp_path, classifier_dir):
-    from components.gateway.filter_model import InjectionClassifier
-    from components.gateway.pii import PiiRedactor
+    from tuneloop.gateway.filter_model import InjectionClassifier
+    from tuneloop.gateway.pii import PiiRedactor
 
     guard = GuardProcess(_spec(tmp_path, classifier_dir)).start(wait=True)
     try:
@@ -104,9 +104,9 @@ def test_a_killed_or_hung_child_fails_its_calls_and_is_replaced(tmp_path, classi
 
 def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tmp_path, classifier_dir,  # noqa: F811
                                                                      monkeypatch):
-    import components.gateway.pipeline as pipeline
-    from components.gateway.pipeline import Gateway
-    from components.serving.openai_api import create_app
+    import tuneloop.gateway.pipeline as pipeline
+    from tuneloop.gateway.pipeline import Gateway
+    from tuneloop.serving.openai_api import create_app
     from tests.test_gateway import RecordingBackend
     from tests.test_serving_engine import make_server
 

@@ -1,4 +1,4 @@
-"""components.gateway.pii: real Presidio on a blank spaCy pipeline, offline."""
+"""tuneloop.gateway.pii: real Presidio on a blank spaCy pipeline, offline."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from components.config import PiiConfig
-from components.gateway.pii import PiiError, PiiRedactor, StreamRedactor, blank_pipeline, may_contain_entity
+from tuneloop.config import PiiConfig
+from tuneloop.gateway.pii import PiiError, PiiRedactor, StreamRedactor, blank_pipeline, may_contain_entity
 
 # (sentence, planted values): every planted value must be gone after redaction.
 PII = [

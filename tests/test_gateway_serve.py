@@ -64,7 +64,7 @@ def stack(tmp_path_factory):
                        timeout=120)
         assert not (clone.parent / "shared").exists()
         real = ["--eval-data", str(INJECTIONS)] if INJECTIONS.exists() else []
-        out = subprocess.run([sys.executable, "-m", "components.cli", "filter", "train", "--json", *real], env=env,
+        out = subprocess.run([sys.executable, "-m", "tuneloop.cli", "filter", "train", "--json", *real], env=env,
                              capture_output=True, text=True, timeout=900, cwd=clone)
         assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
         trained = _last_json(out.stdout)
@@ -121,7 +121,7 @@ def test_the_served_filter_refuses_the_bypasses_and_passes_ordinary_prompts(stac
     none of the ordinary prompts."""
     import openai
 
-    from components.gateway.filter_model import InjectionClassifier
+    from tuneloop.gateway.filter_model import InjectionClassifier
 
     _, key = _key(stack["env"], "filter-test")
     client = openai.OpenAI(base_url=stack["urls"][1] + "/v1", api_key=key, max_retries=0)
@@ -240,7 +240,7 @@ def _counter(metrics: str, series: str) -> float:
 
 def test_the_filter_costs_the_engine_no_turn_and_its_cost_is_measured(stack):
     """The default classifier's features are a TF-IDF and a distilled table (no transformer
-    pass), so it never takes the CPU's turn from the engine (components/cpu_turns.py, which
+    pass), so it never takes the CPU's turn from the engine (tuneloop/cpu_turns.py, which
     a classifier on encoder embeddings does take); its own CPU and Presidio's are metrics,
     as is how many texts it scored."""
     import httpx
@@ -289,7 +289,7 @@ def test_request_log_is_complete_after_sigterm(stack):
 
     import httpx
 
-    from components.requestlog.store import read_records
+    from tuneloop.requestlog.store import read_records
 
     _, key = _key(stack["env"], "logged", "enterprise")
     port = free_port()

@@ -61,8 +61,8 @@ def _find(root_pid: int, marker: str):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from components.config import load_config
-    from components.gateway.pipeline import open_key_store
+    from tuneloop.config import load_config
+    from tuneloop.gateway.pipeline import open_key_store
 
     tmp = tmp_path_factory.mktemp("hostile")
     # A context window of 16k positions: a 100 KB prompt passes the cheap bound and reaches
@@ -241,7 +241,7 @@ def test_unknown_paths_neither_grow_metrics_nor_forge_log_lines(server):
 
 def test_a_killed_engine_is_restarted_and_liveness_stays_green(server):
     url, key = server["url"], server["keys"]["other"]
-    engine = _find(server["proc"].pid, "components.serving.engine_process")
+    engine = _find(server["proc"].pid, "tuneloop.serving.engine_process")
     assert engine is not None, [p.cmdline() for p in _processes(server["proc"].pid)]
 
     async def main():
@@ -284,7 +284,7 @@ def test_a_killed_engine_is_restarted_and_liveness_stays_green(server):
 
 def test_sigterm_lets_the_stream_in_flight_finish_and_logs_it(server):
     """Last: it stops the server."""
-    from components.requestlog.store import read_records
+    from tuneloop.requestlog.store import read_records
 
     url, key, proc = server["url"], server["keys"]["other"], server["proc"]
 

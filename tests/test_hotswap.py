@@ -1,4 +1,4 @@
-"""A running server follows the registry's champion (components/serving/hotswap.py): the
+"""A running server follows the registry's champion (tuneloop/serving/hotswap.py): the
 slots engine swaps a new version's weights in at a step boundary while clients stream, no
 request fails or mixes two models, and the server then answers as the new version
 (/v1/models, every response's `model`, the request log). A version of another
@@ -16,7 +16,7 @@ from tests.test_serving_engine import make_server, raw, reference
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     root = tmp_path_factory.mktemp("swap")
     a, b = build_tiny_model(root / "a", seed=0), build_tiny_model(root / "b", seed=1)
@@ -26,8 +26,8 @@ def models(tmp_path_factory):
 
 
 def test_slots_engine_swaps_weights_without_dropping_or_mixing_a_request(models):
-    from components.serving.engine import GenerationStream, SamplingParams
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
+    from tuneloop.serving.slots import SlotEngine
 
     la, lb = models["loaded_a"], models["loaded_b"]
     prompt = la.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"]
@@ -69,7 +69,7 @@ def test_slots_engine_swaps_weights_without_dropping_or_mixing_a_request(models)
     assert after[0] == want_b
     assert sum(ids == want_a for ids, _ in results) >= 1  # the running ones finished on the old weights
     with pytest.raises(ValueError, match="architecture"):
-        from components.serving.engine import load_model
+        from tuneloop.serving.engine import load_model
 
         engine.swap_weights(load_model(models["other"], num_threads=1).model.state_dict())
 
@@ -77,14 +77,14 @@ def test_slots_engine_swaps_weights_without_dropping_or_mixing_a_request(models)
 def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from components.config import TuneloopConfig
-    from components.gateway.pipeline import Gateway
-    from components.registry import ModelRegistry
-    from components.requestlog.store import read_records
-    from components.requestlog.writer import open_request_log
-    from components.serving.hotswap import ChampionWatcher
-    from components.serving.openai_api import ServedModel, create_app
-    from components.serving.slots import SlotEngine
+    from tuneloop.config import TuneloopConfig
+    from tuneloop.gateway.pipeline import Gateway
+    from tuneloop.registry import ModelRegistry
+    from tuneloop.requestlog.store import read_records
+    from tuneloop.requestlog.writer import open_request_log
+    from tuneloop.serving.hotswap import ChampionWatcher
+    from tuneloop.serving.openai_api import ServedModel, create_app
+    from tuneloop.serving.slots import SlotEngine
 
     cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path)}, "gateway": {
         "auth": "off", "pii": {"mode": "off", "outputs": "off"}, "filter": {"prompts": "off", "outputs": "off"},
@@ -176,8 +176,8 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     import httpx
     from mlflow.tracking import MlflowClient
 
-    from components.config import TuneloopConfig
-    from components.registry import ModelRegistry
+    from tuneloop.config import TuneloopConfig
+    from tuneloop.registry import ModelRegistry
     from tests.servers import GATEWAY_OFF, free_port, service
 
     root = Path(__file__).resolve().parents[1]

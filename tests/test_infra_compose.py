@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from components.config import REPO_ROOT, load_config
+from tuneloop.config import REPO_ROOT, load_config
 
 INFRA = REPO_ROOT / "infra"
 COMPOSE = INFRA / "compose.yaml"

@@ -1,6 +1,6 @@
 """infra/k8s: the kustomize overlays render, every manifest validates, and the parts fit together.
 
-Rendering: components/infra.py's renderer always; where kubectl is installed, `kubectl
+Rendering: tuneloop/infra.py's renderer always; where kubectl is installed, `kubectl
 kustomize` too, and both must give the same manifests. Validation: built-in kinds against the
 Kubernetes 1.33 OpenAPI schemas (kubernetes-validate, strict), ServiceMonitor against
 infra/k8s/crds/servicemonitor.schema.json. Then what no schema can see: probes and shutdown
@@ -20,8 +20,8 @@ import subprocess
 import pytest
 import yaml
 
-from components.config import ServingConfig, load_config
-from components.infra import (
+from tuneloop.config import ServingConfig, load_config
+from tuneloop.infra import (
     K8S_DIR,
     K8S_VERSION,
     KustomizeError,
@@ -231,7 +231,7 @@ def test_scrape_job_label_is_the_one_rules_and_dashboard_use(overlay):
 def test_autoscaling_on_queue_depth_through_prometheus_adapter(overlay):
     from prometheus_client import CollectorRegistry
 
-    from components.serving.metrics import ServingMetrics
+    from tuneloop.serving.metrics import ServingMetrics
 
     _, docs = overlay
     hpa = find(docs, "HorizontalPodAutoscaler", "tuneloop-api")
@@ -239,7 +239,7 @@ def test_autoscaling_on_queue_depth_through_prometheus_adapter(overlay):
     assert metric["type"] == "Pods", "queue depth per pod, not CPU/GPU utilisation"
     name = metric["pods"]["metric"]["name"]
     assert metric["pods"]["target"]["type"] == "AverageValue"
-    # the server exports it (components/serving/metrics.py) ...
+    # the server exports it (tuneloop/serving/metrics.py) ...
     registry = CollectorRegistry()
     ServingMetrics("m:1", "slots", registry=registry)
     exported = {m.name for m in registry.collect()}
@@ -259,7 +259,7 @@ def test_autoscaling_on_queue_depth_through_prometheus_adapter(overlay):
 
 
 def test_overlay_images_are_the_bento_targets():
-    from components.packaging import TARGETS
+    from tuneloop.packaging import TARGETS
 
     for overlay, target in (("cpu", "cpu"), ("gpu", "gpu")):
         docs = render_kustomization(K8S_DIR / "overlays" / overlay)

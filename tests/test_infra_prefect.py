@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from components.infra import K8S_DIR, render_kustomization, validate_manifest
+from tuneloop.infra import K8S_DIR, render_kustomization, validate_manifest
 
 TEMPLATE_PATH = K8S_DIR / "base" / "prefect" / "base-job-template.json"
 
@@ -108,7 +108,7 @@ def test_unset_variables_drop_their_keys(template):
 
 
 def test_flow_run_pods_share_the_training_volume(template, tmp_path):
-    from components.training.kubernetes import TrainingK8sConfig
+    from tuneloop.training.kubernetes import TrainingK8sConfig
 
     job = render(template, {})
     pod = job["spec"]["template"]["spec"]

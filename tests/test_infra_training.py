@@ -1,4 +1,4 @@
-"""Training on Kubernetes (components/training/kubernetes.py): rendering and submission.
+"""Training on Kubernetes (tuneloop/training/kubernetes.py): rendering and submission.
 
 Rendering: TrainJobs (Kubeflow Trainer v2.3, both runtimes) and PyTorchJobs (Training
 Operator 1.9) for several shapes, validated against infra/k8s/crds/*.schema.json (pod
@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.infra import validate_manifest
-from components.training.kubernetes import (
+from tuneloop.infra import validate_manifest
+from tuneloop.training.kubernetes import (
     KINDS,
     KubeClients,
     TrainingK8sConfig,
@@ -33,7 +33,7 @@ from components.training.kubernetes import (
     run_training,
     submit_training,
 )
-from components.training.launch import TrainingError, TrainSpec, training_command
+from tuneloop.training.launch import TrainingError, TrainSpec, training_command
 
 
 def make_spec(root: str = "/shared/tuneloop", name: str = "cand-0", num_processes: int = 2) -> TrainSpec:
@@ -96,9 +96,9 @@ def test_trainjob_runs_the_training_entry_point():
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 8
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     assert trainer["image"] == "registry.local/tuneloop:abc"
-    # what launch_training runs locally, after the launcher: -m components.training.train --spec <spec.json>
+    # what launch_training runs locally, after the launcher: -m tuneloop.training.train --spec <spec.json>
     local = training_command(spec, port=1234)
-    assert trainer["command"][-4:] == local[-4:] == ["-m", "components.training.train", "--spec", str(spec.spec_path)]
+    assert trainer["command"][-4:] == local[-4:] == ["-m", "tuneloop.training.train", "--spec", str(spec.spec_path)]
     assert trainer["command"][:4] == ["python", "-u", "-m", "torch.distributed.run"]
     (patch,) = body["spec"]["runtimePatches"]
     (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -304,7 +304,7 @@ def test_job_state_reads_conditions():
 
 
 def test_run_training_keeps_local_by_default(monkeypatch):
-    import components.training.launch as launch
+    import tuneloop.training.launch as launch
 
     called = []
     monkeypatch.setattr(launch, "launch_training", lambda spec, on_log: called.append(spec) or "local")

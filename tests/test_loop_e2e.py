@@ -1,7 +1,7 @@
 """The closed loop, end to end, nothing mocked: a real Prefect server and process worker
 running prefect.yaml's deployments, a real `tuneloop serve` of the champion's bento, the
 request log, the monitoring flow, its event and the training deployment's trigger -- driven
-by `tuneloop loop`, the demo's step 5 (components/demo.py).
+by `tuneloop loop`, the demo's step 5 (tuneloop/demo.py).
 
 Serve the champion -> traffic from the training distribution: the monitoring flow says no
 drift -> shifted traffic + a feedback correction -> the monitoring flow emits
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from components.ports import stop_process_group
+from tuneloop.ports import stop_process_group
 from tests.servers import BIN, GATEWAY_OFF, last_json, prefect_server
 from tests.servers import run_ok as run
 
@@ -67,8 +67,8 @@ def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_
     assert out["shifted"]["detected"] and "tuneloop.retrain.requested" in out["shifted"]["events"], out["shifted"]
     assert out["retrain"]["promoted"], progress
 
-    from components.config import load_config
-    from components.registry import ModelRegistry
+    from tuneloop.config import load_config
+    from tuneloop.registry import ModelRegistry
 
     cfg = load_config(None, environ={"TUNELOOP_HOME": str(home)})
     champion = ModelRegistry.from_config(cfg).champion()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.config import load_config
-from components.registry import ModelRegistry
+from tuneloop.config import load_config
+from tuneloop.registry import ModelRegistry
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")

@@ -33,14 +33,14 @@ def shifted_prompts() -> list[str]:
 
 
 def drift_cfg(**kw):
-    from components.config import DriftConfig
+    from tuneloop.config import DriftConfig
 
     return DriftConfig(**kw)
 
 
 @needs_shift
 def test_drift_thresholds_raise_no_false_alarm_and_catch_a_topic_shift():
-    from components.monitoring.drift import compute_drift
+    from tuneloop.monitoring.drift import compute_drift
 
     texts = sample_prompts()
     random.Random(0).shuffle(texts)
@@ -64,15 +64,15 @@ def test_drift_thresholds_raise_no_false_alarm_and_catch_a_topic_shift():
 
 
 def test_too_few_prompts_are_not_judged():
-    from components.monitoring.drift import compute_drift
+    from tuneloop.monitoring.drift import compute_drift
 
     r = compute_drift(sample_prompts()[:100], ["hello"] * 10, drift_cfg())
     assert not r.judged and not r.detected and "fewer than" in r.reason
 
 
 def test_service_health_against_slos():
-    from components.config import SloConfig
-    from components.monitoring.slo import service_health
+    from tuneloop.config import SloConfig
+    from tuneloop.monitoring.slo import service_health
 
     ok = [{"route": "/v1/chat/completions", "status": 200, "ttft_s": 0.1 * (i % 10 + 1), "latency_s": 1.0 + i % 5,
            "error_code": None} for i in range(90)]
@@ -87,8 +87,8 @@ def test_service_health_against_slos():
 
 
 def write_log(home: Path, prompts: list[str], start: datetime, key_id: str = "k1") -> list[dict]:
-    from components.requestlog.record import utc_iso
-    from components.requestlog.store import SegmentSink
+    from tuneloop.requestlog.record import utc_iso
+    from tuneloop.requestlog.store import SegmentSink
 
     sink = SegmentSink(home / "requests", 1 << 24, 3600)
     records = []
@@ -110,10 +110,10 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
     a completions request: the completions one joins it, the chat one is counted out with the
     reason, and the set prepares (mixing the kinds is refused by prepare_dataset; make
     demo-smollm2's retrain once stopped on that, then on two identical corrections)."""
-    from components.config import TuneloopConfig
-    from components.data.dataset import prepare_dataset
-    from components.monitoring.run import retrain_dataset
-    from components.requestlog.store import SegmentSink
+    from tuneloop.config import TuneloopConfig
+    from tuneloop.data.dataset import prepare_dataset
+    from tuneloop.monitoring.run import retrain_dataset
+    from tuneloop.requestlog.store import SegmentSink
 
     base = tmp_path / "legacy.jsonl"
     base.write_text("".join(json.dumps({"prompt": f"Review {i}: fine. Positive or negative?",
@@ -145,9 +145,9 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
 
 @needs_shift
 def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tmp_path):
-    from components.config import TuneloopConfig
-    from components.monitoring.run import RETRAIN_EVENT, monitor
-    from components.requestlog.store import SegmentSink
+    from tuneloop.config import TuneloopConfig
+    from tuneloop.monitoring.run import RETRAIN_EVENT, monitor
+    from tuneloop.requestlog.store import SegmentSink
 
     cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path / "home")},
                                          "data": {"train_path": str(SAMPLE)}})
@@ -177,7 +177,7 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
     files = sorted(p.name for p in data.iterdir())
     assert files == ["0-base-train.jsonl", "1-feedback.jsonl"]
     assert json.loads((data.parent / "lineage.json").read_text())["feedback_ids"] == ["fb_1"]
-    from components.data.dataset import prepare_dataset
+    from tuneloop.data.dataset import prepare_dataset
 
     prepared = prepare_dataset(cfg, train_path=data)  # the triggered run's data loads as any training set
     assert len(prepared.train) + len(prepared.eval) == len(texts) + 1
@@ -195,7 +195,7 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
     env = {**os.environ, "TUNELOOP_HOME": str(cfg.home), "TUNELOOP__DATA__TRAIN_PATH": str(SAMPLE),
            "TUNELOOP__MONITORING__RETRAIN_DEBOUNCE_S": "0", "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")),
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
-    out = subprocess.run([sys.executable, "-m", "components.cli", "monitor", "--since", "1h", "--json"], env=env,
+    out = subprocess.run([sys.executable, "-m", "tuneloop.cli", "monitor", "--since", "1h", "--json"], env=env,
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     cli = json.loads(out.stdout[out.stdout.index("{\n"):])

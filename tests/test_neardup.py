@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.data.neardup import (
+from tuneloop.data.neardup import (
     DEFAULT_THRESHOLD,
     containment,
     content_shingles,
@@ -259,10 +259,10 @@ def test_threshold_must_be_a_fraction():
 def test_the_split_keeps_every_template_of_a_review_on_one_side_and_the_gate_sees_a_random_split_leak():
     import random as _random
 
-    from components.config import ValidationConfig
-    from components.data.dataset import split_examples
-    from components.data.formats import load_file
-    from components.validation import build_frame
+    from tuneloop.config import ValidationConfig
+    from tuneloop.data.dataset import split_examples
+    from tuneloop.data.formats import load_file
+    from tuneloop.validation import build_frame
 
     rows = [e for f in sorted(T0_AMAZON.glob("*.jsonl")) for e in load_file(f).examples]
     train, eval_ = split_examples(rows, 0.1, 42, group_threshold=0.75)

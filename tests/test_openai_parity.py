@@ -28,7 +28,7 @@ from tests.test_serving_isolation import _run  # noqa: E402
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
@@ -37,7 +37,7 @@ ENGINES = ["adaptive", "continuous", "slots"]
 
 
 def _greedy(loaded, prompt: str, **params):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     return (loaded.tokenizer(prompt)["input_ids"], SamplingParams(temperature=0.0, **params))
 
@@ -65,8 +65,8 @@ def test_shaping_and_ignore_eos_are_the_same_on_every_engine(loaded):
 
 
 def run_api(loaded, test, **engine_kw):
-    from components.serving.openai_api import create_app
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.openai_api import create_app
+    from tuneloop.serving.slots import SlotEngine
 
     async def main():
         engine = SlotEngine(loaded, **{"num_slots": 8, **engine_kw})

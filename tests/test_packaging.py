@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import packaging
-from components.config import load_config
-from components.registry import TAG_DEPLOYED_BENTO, ModelRegistry
+from tuneloop import packaging
+from tuneloop.config import load_config
+from tuneloop.registry import TAG_DEPLOYED_BENTO, ModelRegistry
 from tests.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -77,7 +77,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     port = packaging.free_port()
     plan = packaging.serve_plan(cfg, port=port)
     assert "champion tuneloop-chat v1" in plan.what and "bentos.service:TuneloopLLM" in plan.argv
-    from components.gateway.pipeline import open_key_store
+    from tuneloop.gateway.pipeline import open_key_store
 
     _, key = open_key_store(cfg).create("packaging-test", "paid")  # `tuneloop keys create`, as a user would
     check = packaging.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source",
@@ -238,7 +238,7 @@ def test_a_model_that_stops_at_once_passes_the_answer_check():
     """A champion whose greedy first token is end-of-text (seen from `make demo`: the
     fine-tuned chat model answers a bare "Hello" completion with <|im_end|>) is working:
     OpenAI shapes, prompt read, finish_reason "stop", no text, 0 completion tokens."""
-    from components.packaging import _answered
+    from tuneloop.packaging import _answered
 
     usage = {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}
     assert _answered("", {"finish_reason": "stop"}, {"usage": usage})
@@ -265,7 +265,7 @@ def test_a_validation_server_dies_with_the_process_that_started_it(tmp_path):
     port = packaging.free_port()
     parent = subprocess.Popen([sys.executable, "-c", f"""
 from pathlib import Path
-from components import packaging
+from tuneloop import packaging
 command = packaging.ServeCommand(argv=[{sys.executable!r}, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
                                  env=dict(__import__("os").environ), cwd=Path({str(tmp_path)!r}))
 packaging.check_server(command, {port}, Path({str(tmp_path / "serve.log")!r}), 120, "orphan-test")

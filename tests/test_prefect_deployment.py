@@ -67,7 +67,7 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
 
         # The monitoring flow's event starts a training run (no worker: it stays scheduled).
         py("""
-            from components.config import load_config
+            from tuneloop.config import load_config
             from flows.monitoring import emit
             emit("tuneloop.retrain.requested", {"data_path": "data/fresh.jsonl"}, load_config(None))
             print("sent")

@@ -1,4 +1,4 @@
-"""One owner of what counts as a secret (components/privacy): every kind, planted in a text,
+"""One owner of what counts as a secret (tuneloop/privacy): every kind, planted in a text,
 is found by the data gate, redacted by the gateway's analyzer (prompts, answers) and never
 written by the request log. Before, an AWS secret access key passed the gateway and the log in
 clear, and the gate and the gateway kept two lists that disagreed (the gate had no JWT or bearer
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import PiiConfig
-from components.privacy.secrets import SECRETS, find_secrets
+from tuneloop.config import PiiConfig
+from tuneloop.privacy.secrets import SECRETS, find_secrets
 
 # kind -> (the secret's value, a text that carries it). Values are made up; the AWS pair is
 # AWS's own documentation example.
@@ -56,7 +56,7 @@ def test_a_value_next_to_a_label_is_a_secret_and_a_placeholder_is_not(label):
 
 @pytest.fixture(scope="module")
 def redactor(tmp_path_factory):
-    from components.gateway.pii import PiiRedactor
+    from tuneloop.gateway.pii import PiiRedactor
 
     return PiiRedactor(PiiConfig(), tmp_path_factory.mktemp("pii"))
 
@@ -83,8 +83,8 @@ def test_a_stream_never_shows_a_secret_in_parts(redactor):
 
 
 def test_the_request_log_never_writes_one(tmp_path, redactor):
-    from components.requestlog.store import SegmentSink, read_records
-    from components.requestlog.writer import InProcessRedactor, RequestLog
+    from tuneloop.requestlog.store import SegmentSink, read_records
+    from tuneloop.requestlog.writer import InProcessRedactor, RequestLog
 
     sink = SegmentSink(tmp_path / "requests", 1 << 20, 3600)
     log = RequestLog(sink, flush_interval_s=60, redactor=lambda: InProcessRedactor(redactor))

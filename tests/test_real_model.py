@@ -29,8 +29,8 @@ pytestmark = [
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The preset converted once into the checkout's cache (the folder configs/smollm2.yaml uses)."""
-    from components.bootstrap import ensure_base_model
-    from components.config import load_config
+    from tuneloop.bootstrap import ensure_base_model
+    from tuneloop.config import load_config
 
     return Path(ensure_base_model(load_config(CONFIG, environ={})))
 
@@ -59,7 +59,7 @@ def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
                 "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir), **GATEWAY_OFF})
     # Default settings (serving.dtype auto, the fused forward): the reference's answer. The
     # bfloat16 default of earlier versions answered "L'Étoile, la Marseillaise, la femme,".
-    cmd = [sys.executable, "-m", "components.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
+    cmd = [sys.executable, "-m", "tuneloop.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
     with service(cmd, f"http://127.0.0.1:{port}/readyz", tmp_path / "serve.log", env=env, timeout=400, cwd=ROOT):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
@@ -75,8 +75,8 @@ def test_agreement_on_smollm2_default_passes_and_lossy_bfloat16_fails(smollm2_di
     """The bar on the real model: at least 23 of 24 greedy answers equal to transformers' float32
     ones and top-1 agreement >= 0.99 over the committed text, for the default configuration;
     the full-bfloat16 path (serving.dtype: bfloat16-lossy) misses it."""
-    from components.config import ServingConfig
-    from components.serving.agreement import Reference, load_prompts
+    from tuneloop.config import ServingConfig
+    from tuneloop.serving.agreement import Reference, load_prompts
 
     reference = Reference(smollm2_dir, prompts=load_prompts()[:24])
     assert "Paris" in reference.loaded.tokenizer.decode(reference.answers[0])

@@ -1,4 +1,4 @@
-"""The gateway's pipelined Redis connection (components/gateway/redis_pipe.py) against a real
+"""The gateway's pipelined Redis connection (tuneloop/gateway/redis_pipe.py) against a real
 redis-server: replies reach the right callers under concurrency, scripts survive a flush,
 a restart and a hung server are survived, and the URL's password and database are used."""
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from components.gateway.redis_pipe import RedisPipe, ReplyError
+from tuneloop.gateway.redis_pipe import RedisPipe, ReplyError
 from tests.servers import free_port, hung_listener, redis_server
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from components.blessing import bless
-from components.config import MetricThreshold
-from components.registry import (
+from tuneloop.blessing import bless
+from tuneloop.config import MetricThreshold
+from tuneloop.registry import (
     CHALLENGER,
     CHAMPION,
     PREVIOUS,

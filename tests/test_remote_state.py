@@ -101,7 +101,7 @@ def test_train_promote_deploy_and_keys_on_remote_state(remote, demo_base_model):
 
     # The key store lives in the same Postgres: a key made with the CLI is a row there ...
     row = json.loads(_run([TUNELOOP, "keys", "create", "--name", "remote", "--tier", "paid", "--json"], env).stdout)
-    from components.gateway.keys import KeyStore
+    from tuneloop.gateway.keys import KeyStore
 
     store = KeyStore(keys_url, PEPPER.encode())
     try:
@@ -133,7 +133,7 @@ def test_train_promote_deploy_and_keys_on_remote_state(remote, demo_base_model):
 
 def _promoter(uri: str, name: str, lock_path: str, tasks, results, start, hold) -> None:
     """One "machine": its own process and lock file; shares only the MLflow server."""
-    from components.registry import ModelRegistry, PromotionConflict
+    from tuneloop.registry import ModelRegistry, PromotionConflict
 
     reg = ModelRegistry(uri, name, lock_path=Path(lock_path))
     settled = reg._settled
@@ -161,7 +161,7 @@ def _promoter(uri: str, name: str, lock_path: str, tasks, results, start, hold) 
 def test_promotion_is_compare_and_set_across_machines(remote):
     from mlflow.tracking import MlflowClient
 
-    from components.registry import ModelRegistry
+    from tuneloop.registry import ModelRegistry
 
     uri, name, rounds = remote["mlflow"], "remote-race", 6
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -1,4 +1,4 @@
-"""The request log (components/requestlog), in-process over a live engine.
+"""The request log (tuneloop/requestlog), in-process over a live engine.
 
 Under concurrent load every finished request (ok, refused, invalid, streamed, cached,
 left by its client) is logged exactly once with what it was (logged == served); texts are
@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_logged(loaded, cfg, test, backend=None):
     """`await test(app, gateway, request_log)` with the gateway and the request log of cfg."""
-    from components.gateway.pipeline import Gateway
-    from components.requestlog.writer import open_request_log
-    from components.serving.engine import ContinuousEngine
-    from components.serving.openai_api import create_app
+    from tuneloop.gateway.pipeline import Gateway
+    from tuneloop.requestlog.writer import open_request_log
+    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.openai_api import create_app
 
     async def main():
         engine = backend
@@ -56,13 +56,13 @@ def run_logged(loaded, cfg, test, backend=None):
 
 
 def logged(cfg, stream="requests") -> list[dict]:
-    from components.requestlog.store import read_records
+    from tuneloop.requestlog.store import read_records
 
     return read_records(cfg.request_log.url, cfg.home, stream)
 
 
 def make_key(cfg, tier="enterprise") -> tuple[str, str]:
-    from components.gateway.pipeline import open_key_store
+    from tuneloop.gateway.pipeline import open_key_store
 
     store = open_key_store(cfg)
     try:
@@ -166,7 +166,7 @@ def test_the_logs_own_cpu_is_counted_by_part(loaded, tmp_path):
     so the writer has every text redacted there)."""
     import prometheus_client as prom
 
-    from components.requestlog.writer import RequestLogMetrics
+    from tuneloop.requestlog.writer import RequestLogMetrics
 
     cfg = gateway_config(tmp_path, pii={"mode": "off", "outputs": "off"})
     key, _ = make_key(cfg)
@@ -252,8 +252,8 @@ def test_a_cache_hit_is_logged_as_its_miss_was_without_analysing_it_again(loaded
 
 
 def test_texts_are_omitted_when_no_redaction_can_run(loaded, tmp_path):
-    from components.requestlog.store import SegmentSink
-    from components.requestlog.writer import RequestLog
+    from tuneloop.requestlog.store import SegmentSink
+    from tuneloop.requestlog.writer import RequestLog
 
     def broken():
         raise RuntimeError("no analyzer here")
@@ -268,10 +268,10 @@ def test_texts_are_omitted_when_no_redaction_can_run(loaded, tmp_path):
 
 
 def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
-    from components.config import PiiConfig
-    from components.requestlog.redactor_process import ProcessRedactor
-    from components.requestlog.store import SegmentSink
-    from components.requestlog.writer import RequestLog
+    from tuneloop.config import PiiConfig
+    from tuneloop.requestlog.redactor_process import ProcessRedactor
+    from tuneloop.requestlog.store import SegmentSink
+    from tuneloop.requestlog.writer import RequestLog
 
     redactor = ProcessRedactor(PiiConfig().model_dump(mode="json"), str(tmp_path / "gateway"), "tl-")
     request_log = RequestLog(SegmentSink(tmp_path / "log", 1 << 20, 3600), 60, "redacted", lambda: redactor)
@@ -302,8 +302,8 @@ def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
 
 
 def test_a_failing_database_spills_to_local_segments_and_nothing_is_lost(tmp_path):
-    from components.requestlog.store import SegmentSink, SqlSink, read_records
-    from components.requestlog.writer import RequestLog
+    from tuneloop.requestlog.store import SegmentSink, SqlSink, read_records
+    from tuneloop.requestlog.writer import RequestLog
 
     url = f"sqlite:///{tmp_path / 'log.db'}"
     sql = SqlSink(url)
@@ -333,7 +333,7 @@ def test_a_failing_database_spills_to_local_segments_and_nothing_is_lost(tmp_pat
 
 
 def test_a_line_cut_by_a_crash_is_skipped_and_segments_rotate(tmp_path):
-    from components.requestlog.store import SegmentSink, read_records
+    from tuneloop.requestlog.store import SegmentSink, read_records
 
     sink = SegmentSink(tmp_path, max_bytes=300, max_age_s=3600)
     for i in range(10):
@@ -393,8 +393,8 @@ def test_feedback_is_stored_with_the_log_and_bad_feedback_gets_400(loaded, tmp_p
     requests = logged(cfg)
     assert {r["route"] for r in requests} == {"/v1/chat/completions", "/v1/feedback"}
     # corrections -> candidate training rows in the training set's format, with lineage
-    from components.data.dataset import prepare_dataset
-    from components.requestlog.feedback import export_feedback_dataset
+    from tuneloop.data.dataset import prepare_dataset
+    from tuneloop.requestlog.feedback import export_feedback_dataset
 
     lineage = export_feedback_dataset(cfg, tmp_path / "fb" / "rows.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "fb" / "rows.jsonl").read_text().splitlines()]
@@ -406,7 +406,7 @@ def test_feedback_is_stored_with_the_log_and_bad_feedback_gets_400(loaded, tmp_p
 
 
 def test_logs_cli_tails_and_exports(tmp_path):
-    from components.requestlog.store import SegmentSink
+    from tuneloop.requestlog.store import SegmentSink
 
     sink = SegmentSink(tmp_path / "home" / "requests", 1 << 20, 3600)
     from datetime import datetime, timedelta, timezone
@@ -420,7 +420,7 @@ def test_logs_cli_tails_and_exports(tmp_path):
     env = {"TUNELOOP_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "COLUMNS": "240"}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "components.cli", "logs", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "tuneloop.cli", "logs", *args], capture_output=True, text=True,
                               cwd=ROOT, env=env)
 
     tail = cli("tail", "-n", "3", "--json")
@@ -462,8 +462,8 @@ def s3_server(tmp_path, monkeypatch):
 def test_an_s3_bucket_gets_every_segment_once_closed_and_a_failed_upload_is_retried(s3_server, tmp_path):
     import os
 
-    from components.requestlog.store import open_sink, read_records
-    from components.requestlog.writer import RequestLog
+    from tuneloop.requestlog.store import open_sink, read_records
+    from tuneloop.requestlog.writer import RequestLog
 
     url, home = "s3://logs/tuneloop/requests", tmp_path / "home"
     sink = open_sink(url, home, segment_max_bytes=400, segment_max_age_s=3600)
@@ -498,7 +498,7 @@ def test_an_s3_bucket_gets_every_segment_once_closed_and_a_failed_upload_is_retr
     assert [r["request_id"] for r in read_records(url, home)] == [rec(i)["request_id"] for i in range(17)]
 
     # a segment a crashed process (gone pid) left staged goes up when the next writer starts
-    from components.requestlog.record import HOST
+    from tuneloop.requestlog.record import HOST
 
     dead = 2 ** 22 + 7
     while True:

@@ -29,7 +29,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
@@ -86,7 +86,7 @@ async def collect(stream) -> tuple[list[int], str]:
 
 async def endings(streams, how=str, timeout: float = 10) -> list:
     """How each stream ended: its finish_reason, or how(the Unavailable it ended with)."""
-    from components.serving.errors import Unavailable
+    from tuneloop.serving.errors import Unavailable
 
     outcomes = []
     for s in streams:
@@ -100,7 +100,7 @@ async def endings(streams, how=str, timeout: float = 10) -> list:
 
 def run_adaptive(loaded, specs, sizes=None):
     """Run (prompt_ids, SamplingParams) specs as one adaptive batch; [(ids, finish_reason)]."""
-    from components.serving.engine import BatchGenerator, GenerationStream
+    from tuneloop.serving.engine import BatchGenerator, GenerationStream
 
     async def main():
         streams = [GenerationStream(f"a{i}", ids, p) for i, (ids, p) in enumerate(specs)]
@@ -114,7 +114,7 @@ def run_adaptive(loaded, specs, sizes=None):
 
 
 def run_continuous(loaded, specs, sizes=None):
-    from components.serving.engine import ContinuousEngine, GenerationStream
+    from tuneloop.serving.engine import ContinuousEngine, GenerationStream
 
     async def main():
         engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256,
@@ -132,7 +132,7 @@ def run_continuous(loaded, specs, sizes=None):
 
 
 def greedy_specs(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     tok = loaded.tokenizer
     return [(tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0))
@@ -153,7 +153,7 @@ def test_greedy_batch_equals_single_request_generate(loaded, engine):
 
 
 def test_seeded_sampling_is_reproducible_and_engine_independent(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     ids = loaded.tokenizer(PROMPTS[1])["input_ids"]
     seeded = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=1234)
@@ -170,7 +170,7 @@ def test_seeded_sampling_is_reproducible_and_engine_independent(loaded):
 def test_sample_rows_respects_top_p():
     import torch
 
-    from components.serving.engine import RowSampler, SamplingParams, sample_rows
+    from tuneloop.serving.engine import RowSampler, SamplingParams, sample_rows
 
     # token 0 holds ~88% of the mass: top_p=0.5 must always pick it, greedy rows stay untouched
     logits = torch.tensor([[4.0, 2.0, 1.0, 0.0]] * 3)
@@ -191,7 +191,7 @@ def test_sample_rows_respects_top_p():
 
 @pytest.mark.parametrize("engine", ["adaptive", "continuous"])
 def test_cancelled_generation_stops(loaded, engine):
-    from components.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream, SamplingParams
+    from tuneloop.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream, SamplingParams
 
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
@@ -222,7 +222,7 @@ def test_cancelled_generation_stops(loaded, engine):
 
 
 def test_adaptive_splits_batches_that_would_overflow_the_context(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     ctx = loaded.context_length
     long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: ctx - 4]
@@ -247,7 +247,7 @@ class _CharTokenizer:
 
 
 def _feed(stop, text):
-    from components.serving.openai_api import TextAssembler
+    from tuneloop.serving.openai_api import TextAssembler
 
     asm = TextAssembler(_CharTokenizer(), stop)
     deltas = []
@@ -270,7 +270,7 @@ def test_stop_string_cuts_text_and_never_leaks_a_prefix():
 
 
 def test_byte_level_text_is_not_split_inside_a_character(loaded):
-    from components.serving.openai_api import TextAssembler
+    from tuneloop.serving.openai_api import TextAssembler
 
     tok = loaded.tokenizer
     ids = tok("café ünïcode ✓", add_special_tokens=False)["input_ids"]
@@ -297,8 +297,8 @@ class _StuckBackend:
 
 
 def make_server(loaded, backend, **kw):
-    from components.serving.admission import AdmissionController
-    from components.serving.openai_api import OpenAIServer, ServedModel
+    from tuneloop.serving.admission import AdmissionController
+    from tuneloop.serving.openai_api import OpenAIServer, ServedModel
 
     admission = AdmissionController(kw.pop("max_concurrency", 64), kw.pop("timeout", 30.0), retry_after_s=2)
     server = OpenAIServer(loaded=loaded, backend=backend, admission=admission,
@@ -324,9 +324,9 @@ def raw(app):
 
 def run_with_engine(loaded, test, **kw):
     """Run `await test(app, server)` against an app over a live continuous engine."""
-    from components.serving.engine import ContinuousEngine
-    from components.serving.metrics import ServingMetrics
-    from components.serving.openai_api import create_app
+    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.metrics import ServingMetrics
+    from tuneloop.serving.openai_api import create_app
     from prometheus_client import CollectorRegistry
 
     async def main():
@@ -414,7 +414,7 @@ def test_encode_equals_the_tokenizer(loaded):
 def test_warm_up_marks_ready_and_freezes_the_heap(loaded):
     import gc
 
-    from components.serving.setup import warm_up
+    from tuneloop.serving.setup import warm_up
 
     async def test(app, server, registry):
         server.ready = False
@@ -523,7 +523,7 @@ def test_overload_is_429_with_retry_after_and_timeout_is_504(loaded):
     """Fault simulation: a stuck engine holds the only slot until the deadline."""
     import openai
 
-    from components.serving.openai_api import create_app
+    from tuneloop.serving.openai_api import create_app
 
     async def main():
         backend = _StuckBackend()
@@ -554,7 +554,7 @@ def test_overload_is_429_with_retry_after_and_timeout_is_504(loaded):
 
 
 def test_not_ready_is_503(loaded):
-    from components.serving.openai_api import create_app
+    from tuneloop.serving.openai_api import create_app
 
     async def main():
         app = create_app()

@@ -32,7 +32,7 @@ FAULTY_SEED = 666  # the fault injection below gives this seed a generator that 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
@@ -43,7 +43,7 @@ class _BrokenGenerator:
 
 @pytest.fixture
 def faulty_seed(monkeypatch):
-    from components.serving import engine
+    from tuneloop.serving import engine
 
     real = engine.make_generator
 
@@ -56,7 +56,7 @@ def faulty_seed(monkeypatch):
 def test_extreme_sampling_values_sample_sanely():
     import torch
 
-    from components.serving.engine import RowSampler, SamplingParams, make_generator, sample_rows
+    from tuneloop.serving.engine import RowSampler, SamplingParams, make_generator, sample_rows
 
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]] * 4)
     rows = [RowSampler(SamplingParams(1, temperature=1e-40, seed=1)),  # greedy in effect
@@ -74,7 +74,7 @@ def test_extreme_sampling_values_sample_sanely():
 def test_a_row_whose_sampling_raises_fails_alone(faulty_seed):
     import torch
 
-    from components.serving.engine import RowSampler, SamplingParams, sample_rows
+    from tuneloop.serving.engine import RowSampler, SamplingParams, sample_rows
 
     logits = torch.tensor([[0.0, 5.0, 1.0]] * 3)
     rows = [RowSampler(SamplingParams(1, temperature=1.0, top_p=0.1, seed=1)),
@@ -86,7 +86,7 @@ def test_a_row_whose_sampling_raises_fails_alone(faulty_seed):
 
 
 def _specs(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     tok = loaded.tokenizer
     greedy = [(tok(p)["input_ids"], SamplingParams(max_new_tokens=12, temperature=0.0)) for p in PROMPTS[:3]]
@@ -109,8 +109,8 @@ async def _outcomes(streams):
 def _run(loaded, engine_name, specs, keep: list | None = None):
     """Run (prompt ids, SamplingParams) specs through one engine; [(ids, finish_reason) or the
     exception]. keep: a list that receives the streams."""
-    from components.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream
+    from tuneloop.serving.slots import SlotEngine
 
     async def main():
         streams = [GenerationStream(f"{engine_name}{i}", ids, p) for i, (ids, p) in enumerate(specs)]
@@ -148,9 +148,9 @@ def test_one_failing_row_fails_only_its_request(loaded, engine_name, faulty_seed
 
 
 def test_a_dead_slots_engine_fails_waiting_requests_and_refuses_new_ones(loaded, monkeypatch):
-    from components.serving.engine import GenerationStream, SamplingParams
-    from components.serving.errors import Unavailable
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
+    from tuneloop.serving.errors import Unavailable
+    from tuneloop.serving.slots import SlotEngine
 
     class Killed(BaseException):
         """Fault simulation: what no `except Exception` in the engine loop catches."""
@@ -186,8 +186,8 @@ def test_a_dead_slots_engine_fails_waiting_requests_and_refuses_new_ones(loaded,
 
 
 def test_api_refuses_malformed_values_and_serves_extreme_ones(loaded):
-    from components.serving.openai_api import create_app
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.openai_api import create_app
+    from tuneloop.serving.slots import SlotEngine
 
     async def main():
         engine = SlotEngine(loaded, num_slots=8)
@@ -243,7 +243,7 @@ def test_loading_the_kernel_keeps_the_threads_floating_point_mode():
 
     import numpy as np
 
-    from components.serving import slot_attention
+    from tuneloop.serving import slot_attention
 
     tiny = np.float32(1e-38)
     assert tiny / np.float32(10) != 0  # subnormals work before ...

@@ -1,4 +1,4 @@
-"""The slots engine (components/serving/slots.py) on transformers' forward, in-process (its fused
+"""The slots engine (tuneloop/serving/slots.py) on transformers' forward, in-process (its fused
 forward, the default where it serves the model: test_fused_forward.py): greedy output equal to
 single-request `generate` while requests join, wait for a slot, leave and move between
 slots, with the slot attention kernel and with sdpa; seeded sampling equal to the other
@@ -26,7 +26,7 @@ from tests.test_serving_engine import MAX_LATE_TOKENS, PROMPTS, collect, endings
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    from components.serving.engine import load_model
+    from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
@@ -43,8 +43,8 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
     that many arrive together, so the batch fills however fast the machine finishes requests
     (staggered alone, a fast one can answer each before the next arrives).
     """
-    from components.serving.engine import GenerationStream
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream
+    from tuneloop.serving.slots import SlotEngine
 
     async def main():
         engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
@@ -73,7 +73,7 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
 
 def many_specs(loaded, n=24, seed=1):
     """n prompts of 1..40 tokens, max_tokens 1..60: more requests than slots, uneven lengths."""
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     rng = random.Random(seed)
     tok = loaded.tokenizer
@@ -109,7 +109,7 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded, decode_att
 
 
 def test_all_at_once_in_one_padded_prefill(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     tok = loaded.tokenizer
     specs = [(tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0))
@@ -121,7 +121,7 @@ def test_all_at_once_in_one_padded_prefill(loaded):
 
 def test_a_long_prompt_next_to_short_ones_fits_the_context(loaded):
     """Left padding to the longest prompt must not push a short prompt's generation past its slot."""
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     ctx = loaded.context_length
     long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: ctx - 4]
@@ -131,7 +131,7 @@ def test_a_long_prompt_next_to_short_ones_fits_the_context(loaded):
 
 
 def test_seeded_sampling_equals_the_adaptive_engine(loaded):
-    from components.serving.engine import SamplingParams
+    from tuneloop.serving.engine import SamplingParams
 
     ids = loaded.tokenizer(PROMPTS[1])["input_ids"]
     seeded = SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.9, seed=1234)
@@ -143,8 +143,8 @@ def test_seeded_sampling_equals_the_adaptive_engine(loaded):
 
 
 def test_cancelled_generation_frees_its_slot(loaded):
-    from components.serving.engine import GenerationStream, SamplingParams
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
+    from tuneloop.serving.slots import SlotEngine
 
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
@@ -185,7 +185,7 @@ def test_regional_compile_matches_generate_and_gives_the_model_back(loaded):
     """serving.compile_mode: regional -- one decoder layer's code compiled, shared by all layers."""
     import torch
 
-    from components.serving.slots import decoder_layers
+    from tuneloop.serving.slots import decoder_layers
 
     specs = many_specs(loaded, n=8, seed=4)
     engines: list = []
@@ -199,7 +199,7 @@ def test_regional_compile_matches_generate_and_gives_the_model_back(loaded):
 
 
 def test_compile_mode_auto_compiles_only_small_stacks_whole():
-    from components.serving.slots import resolve_compile_mode
+    from tuneloop.serving.slots import resolve_compile_mode
 
     assert resolve_compile_mode(True, "auto", 4) == "full"  # the demo model
     assert resolve_compile_mode(True, "auto", 30) == "off"  # SmolLM2-135M: bounded start-up, eager is faster
@@ -211,7 +211,7 @@ def test_compile_mode_auto_compiles_only_small_stacks_whole():
 def test_the_kv_cache_is_sized_by_its_budget(loaded):
     """Not slots x the whole window: kv_cache_tokens and max_model_len decide, and requests
     beyond a slot wait (more requests than slots) or are refused (longer than a slot)."""
-    from components.serving.slots import SlotEngineError, kv_bytes_per_token, plan_kv_cache
+    from tuneloop.serving.slots import SlotEngineError, kv_bytes_per_token, plan_kv_cache
 
     model, ctx = loaded.model, loaded.context_length  # 2 layers, 4 heads of 16, 256 positions, float32
     assert kv_bytes_per_token(model) == 2 * 2 * 4 * 16 * 4
@@ -245,7 +245,7 @@ def test_the_kv_cache_is_sized_by_its_budget(loaded):
 
 def test_a_model_torch_compile_cannot_handle_is_served_uncompiled(loaded, monkeypatch):
     """Fault simulation: compilation fails; the engine logs it and serves the eager model."""
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.slots import SlotEngine
 
     def broken(self):
         raise RuntimeError("simulated compiler failure")
@@ -258,7 +258,7 @@ def test_a_model_torch_compile_cannot_handle_is_served_uncompiled(loaded, monkey
 
 
 def test_a_model_with_a_sliding_window_is_refused_with_a_clear_error(loaded):
-    from components.serving.slots import SlotEngine, SlotEngineError
+    from tuneloop.serving.slots import SlotEngine, SlotEngineError
 
     loaded.model.config.sliding_window = 64
     try:
@@ -269,7 +269,7 @@ def test_a_model_with_a_sliding_window_is_refused_with_a_clear_error(loaded):
 
 
 def test_stream_interval_coalesces_tokens_but_sends_the_first_at_once():
-    from components.serving.engine import GenerationStream, SamplingParams
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
 
     async def main():
         stream = GenerationStream("c", [1], SamplingParams(max_new_tokens=100), interval_s=0.05)
@@ -293,8 +293,8 @@ def test_stream_interval_coalesces_tokens_but_sends_the_first_at_once():
 
 def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
     """Nobody waits forever on a server that shuts down: running and queued streams end with an error."""
-    from components.serving.engine import GenerationStream, SamplingParams
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
+    from tuneloop.serving.slots import SlotEngine
 
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
@@ -316,7 +316,7 @@ def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
 def test_slot_cache_is_zeroed_and_on_huge_pages_where_linux_grants_them():
     import torch
 
-    from components.serving.slots import HUGE_PAGE, _zeros_on_huge_pages
+    from tuneloop.serving.slots import HUGE_PAGE, _zeros_on_huge_pages
 
     # Large frees raise glibc's mmap threshold, so torch's allocator may then hand out heap
     # memory touched before (on small pages for good): the cache must not depend on that.
@@ -350,8 +350,8 @@ def test_serving_dtype_float32_bfloat16_and_auto(tmp_path):
     what it costs; plain "bfloat16" is refused with the name that says it."""
     import torch
 
-    from components.config import ConfigError, load_config
-    from components.serving.engine import SamplingParams, choose_cpu_dtype, load_model
+    from tuneloop.config import ConfigError, load_config
+    from tuneloop.serving.engine import SamplingParams, choose_cpu_dtype, load_model
 
     folder = build_tiny_model(tmp_path / "tiny")
     fp32 = load_model(folder, num_threads=1)

@@ -1,4 +1,4 @@
-"""The slots engine's decoding attention kernel (components/serving/slot_attention.py):
+"""The slots engine's decoding attention kernel (tuneloop/serving/slot_attention.py):
 built with the system C compiler, equal to sdpa over each row's own range of its slot
 (left padding, ragged lengths, grouped-query heads), callable inside torch.compile, and a
 clean fall back to sdpa where no compiler exists."""
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from components.serving import slot_attention  # noqa: E402
+from tuneloop.serving import slot_attention  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def test_runs_inside_torch_compile_with_changing_row_counts(kernel):
 
 def test_without_a_compiler_the_engine_decodes_with_sdpa(kernel, tmp_path, monkeypatch):
     """A host with no C compiler: no kernel, a warning, and the same tokens through sdpa."""
-    from components.serving.engine import GenerationStream, SamplingParams, load_model
-    from components.serving.slots import SlotEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams, load_model
+    from tuneloop.serving.slots import SlotEngine
     from tests.serving_tiny_model import build_tiny_model
     from tests.test_serving_engine import PROMPTS, collect, reference as generate_reference
 

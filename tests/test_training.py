@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from components.config import BootstrapConfig, ConfigError, TrainingConfig, load_config
-from components.data.schema import Example
-from components.training import TrainingError, TrainSpec, candidate_specs, launch_training
-from components.training.launch import start_training
+from tuneloop.config import BootstrapConfig, ConfigError, TrainingConfig, load_config
+from tuneloop.data.schema import Example
+from tuneloop.training import TrainingError, TrainSpec, candidate_specs, launch_training
+from tuneloop.training.launch import start_training
 
 REPO = Path(__file__).resolve().parents[1]
 ZERO = REPO / "configs" / "deepspeed"
@@ -53,7 +53,7 @@ def write_jsonl(path: Path, examples: list[Example]) -> Path:
 @pytest.fixture(scope="module")
 def base_model(tmp_path_factory) -> str:
     """A 150k-parameter GPT-2 with a ChatML template, untrained (a few seconds to build)."""
-    from components.bootstrap import bootstrap_base_model
+    from tuneloop.bootstrap import bootstrap_base_model
 
     cfg = BootstrapConfig(vocab_size=512, context_length=256, n_layer=2, n_embd=64, n_head=2, steps=0, block_size=64)
     return str(bootstrap_base_model(cfg, tmp_path_factory.mktemp("base") / "tiny", progress=False))
@@ -85,7 +85,7 @@ def greedy_answers(model_dir: Path, examples: list[Example]) -> list[str]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.formatting import clean_completion, prompt_ids
+    from tuneloop.formatting import clean_completion, prompt_ids
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -331,8 +331,8 @@ def test_early_stopping_keeps_the_checkpoint_with_the_lowest_eval_loss(tmp_path,
     assert result["best_eval_loss"] < result["last_eval_loss"] == pytest.approx(history[result["global_step"]])
     assert any(f"kept checkpoint: step {best}" in note for note in result["notes"]), result["notes"]
     # the saved model is the kept checkpoint: its eval loss is the best one, not the last
-    from components.evaluation import evaluate_model
-    from components.config import EvaluationConfig
+    from tuneloop.evaluation import evaluate_model
+    from tuneloop.config import EvaluationConfig
 
     ev = [Example.from_dict(json.loads(line)) for line in (d / "eval.jsonl").read_text().splitlines()]
     saved = evaluate_model(result["model_dir"], ev, EvaluationConfig(max_new_tokens=2), progress=False)
@@ -341,7 +341,7 @@ def test_early_stopping_keeps_the_checkpoint_with_the_lowest_eval_loss(tmp_path,
 
 
 def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_path, dataset_dir):
-    from components.training.recipe import auto_recipe
+    from tuneloop.training.recipe import auto_recipe
 
     cfg = load_config(write_config(tmp_path, {"recipe": "auto", "method": "lora", "num_processes": 2,
                                               "per_device_batch_size": 4}), environ={})
@@ -371,7 +371,7 @@ def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_pat
 def test_a_retrain_from_the_champion_keeps_the_recipe_choosing():
     """The loop's retrain sets init_from on the preset's config; the recipe must still see only
     the keys the file set as explicit."""
-    from components.training.recipe import auto_recipe
+    from tuneloop.training.recipe import auto_recipe
     from flows.training import with_init_from
 
     cfg = with_init_from(load_config(Path(__file__).parents[1] / "configs" / "smollm2.yaml", environ={}), "champion")

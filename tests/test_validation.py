@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from components.config import ValidationConfig
-from components.data.schema import Example
-from components.validation import example_text, find_pii, find_secrets, validate_dataset
+from tuneloop.config import ValidationConfig
+from tuneloop.data.schema import Example
+from tuneloop.validation import example_text, find_pii, find_secrets, validate_dataset
 
 FRUITS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "peach", "grape", "melon"]
 

@@ -1,4 +1,4 @@
-# The tuneloop image: flows, components and configs with requirements.lock's pinned packages.
+# The tuneloop image: flows, the tuneloop package and configs with requirements.lock's pinned packages.
 # Runs the Prefect worker of infra/compose.yaml, the flow-run Jobs of the Kubernetes work pool
 # and the training pods (TrainJob / PyTorchJob: the same code at the same path, /opt/tuneloop).
 # torch from PyPI is its CUDA build on Linux, so one image serves CPU and GPU nodes.
@@ -11,7 +11,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends g++ git \
 WORKDIR /opt/tuneloop
 COPY requirements.lock pyproject.toml README.md ./
 RUN pip install --no-cache-dir pip==25.3 && pip install --no-cache-dir -r requirements.lock
-COPY components components
+COPY tuneloop tuneloop
 COPY flows flows
 COPY bentos bentos
 COPY monitoring monitoring
