@@ -16,6 +16,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from tuneloop.presets import PRESETS, convert_preset
+
 # No model hub on this kind of machine; never wait on it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -73,7 +75,7 @@ def bootstrap(
     """Build the small local base model (tokenizer + GPT-2/Llama, briefly pre-trained), or convert
     the configured preset (model.base_model: smollm2-135m-instruct) into an HF folder. Cached."""
     cfg = _load(config)
-    from tuneloop.bootstrap import PRESETS, BootstrapError, bootstrap_base_model, convert_preset
+    from tuneloop.bootstrap import BootstrapError, bootstrap_base_model
 
     try:
         if cfg.model.base_model in PRESETS:
@@ -685,7 +687,6 @@ def serve(
 ):
     """Serve the deployed bento (else the champion, else bentos/ as configured) with `bentoml serve`."""
     cfg = _load(config)
-    from tuneloop.bootstrap import PRESETS
     from tuneloop.packaging import PackagingError, run_server, serve_plan
 
     if cfg.model.base_model in PRESETS and cfg.serving.model_dir is None:

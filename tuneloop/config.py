@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from tuneloop.presets import PRESETS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 
@@ -826,8 +828,6 @@ class TuneloopConfig(Section):
         """The base model as from_pretrained takes it: a local folder or a hub id."""
         if self.model.base_model == "bootstrap":
             return str(self.bootstrap_dir)
-        from tuneloop.bootstrap import PRESETS  # noqa: PLC0415 - presets live with the base model
-
         if self.model.base_model in PRESETS:  # converted once into the state folder
             return str(self.home / "models" / self.model.base_model)
         candidate = self.resolve(self.model.base_model)
