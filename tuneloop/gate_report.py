@@ -18,14 +18,11 @@ import html
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuneloop.privacy.personal import find_pii
 from tuneloop.privacy.secrets import find_secrets
-from tuneloop.validation import MAX_LISTED_IDS
-
-if TYPE_CHECKING:
-    from tuneloop.validation import ExpectationOutcome, ValidationReport
+from tuneloop.validation_report import MAX_LISTED_IDS, ExpectationOutcome, ValidationReport
 
 REPORT_NAME = "gate-report.html"
 MAX_VALUE_CHARS = 200  # a reason longer than this is cut: reasons are short by design

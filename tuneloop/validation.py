@@ -30,100 +30,24 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from tuneloop import formatting
+from tuneloop.bootstrap import ensure_base_model
 from tuneloop.config import ValidationConfig
+from tuneloop.data.policies import TokenBudget
 from tuneloop.data.schema import Example, Reject
+from tuneloop.gate_report import write_gate_report
 # What counts as a secret or personal data is tuneloop/privacy's (one owner for the gate,
 # the gateway and the request log).
 from tuneloop.privacy.personal import find_pii
 from tuneloop.privacy.secrets import find_secrets
-
-if TYPE_CHECKING:
-    from tuneloop.data.policies import TokenBudget
-
-# The report lists at most this many failing ids per expectation (the count is exact).
-MAX_LISTED_IDS = 50
+from tuneloop.validation_report import MAX_LISTED_IDS, ExpectationOutcome, ValidationReport
 
 SITE_NAME = "tuneloop"
 SUITE_NAME = "tuneloop-dataset"
-
-
-# ---------------------------------------------------------------------------------------
-# The report
-
-
-@dataclass
-class ExpectationOutcome:
-    name: str  # in the user's words: "completion has no secrets"
-    column: str  # the DataFrame column GX checked
-    success: bool
-    unexpected_count: int
-    checked_count: int  # rows the expectation applied to
-    failing_example_ids: list[str]  # first MAX_LISTED_IDS; unexpected_count is exact
-    failing_values: list[Any]  # what was wrong with each listed example, same order
-    threshold: str
-    expectation_type: str = ""
-    error: str | None = None  # GX raised instead of evaluating
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-@dataclass
-class ValidationReport:
-    success: bool
-    expectations: list[ExpectationOutcome]
-    skipped: dict[str, str] = field(default_factory=dict)  # check name -> why it did not run
-    data_docs_path: Path | None = None  # the site's index.html
-    report_path: Path | None = None  # gate-report.html beside it: self-contained, reads offline
-    n_train: int = 0
-    n_eval: int = 0
-    seconds: float = 0.0
-
-    @property
-    def failures(self) -> list[ExpectationOutcome]:
-        return [e for e in self.expectations if not e.success]
-
-    def summary(self) -> str:
-        verdict = "PASSED" if self.success else f"FAILED ({len(self.failures)} of {len(self.expectations)} checks)"
-        lines = [f"Dataset validation {verdict}: {self.n_train} train + {self.n_eval} eval examples"]
-        for e in self.expectations:
-            if e.success:
-                extra = f" ({e.unexpected_count} tolerated)" if e.unexpected_count else ""
-                lines.append(f"  PASS {e.name} [{e.threshold}]{extra}")
-                continue
-            if e.error:
-                lines.append(f"  FAIL {e.name}: GX error: {e.error}")
-                continue
-            lines.append(
-                f"  FAIL {e.name} [{e.threshold}]: {e.unexpected_count} of {e.checked_count} examples"
-            )
-            for ex_id, value in zip(e.failing_example_ids[:10], e.failing_values[:10]):
-                lines.append(f"       {ex_id}: {value}")
-            if e.unexpected_count > 10:
-                lines.append(f"       ... and {e.unexpected_count - 10} more (see report / Data Docs)")
-        for name, why in self.skipped.items():
-            lines.append(f"  SKIP {name}: {why}")
-        if self.report_path:
-            lines.append(f"Report: {self.report_path}")
-        if self.data_docs_path:
-            lines.append(f"Data Docs: {self.data_docs_path}")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "success": self.success,
-            "n_train": self.n_train,
-            "n_eval": self.n_eval,
-            "seconds": round(self.seconds, 3),
-            "expectations": [e.to_dict() for e in self.expectations],
-            "skipped": dict(self.skipped),
-            "data_docs_path": str(self.data_docs_path) if self.data_docs_path else None,
-            "report_path": str(self.report_path) if self.report_path else None,
-        }
 
 
 # ---------------------------------------------------------------------------------------
@@ -469,8 +393,6 @@ def validate_dataset(
         seconds=time.perf_counter() - started,
     )
     # GX's pages need CDNs to render; this one is self-contained (tuneloop/gate_report.py).
-    from tuneloop.gate_report import write_gate_report
-
     report.report_path = write_gate_report(report, data_docs_dir)
     return report
 
@@ -488,23 +410,19 @@ def token_limit(cfg, context_window: int | None) -> tuple[int, str]:
     return length, "training.max_length" + (f" (context window {context_window})" if context_window else "")
 
 
-def token_budget(cfg) -> "TokenBudget":
+def token_budget(cfg) -> TokenBudget:
     """Examples measured as training encodes them, in the base model's tokenizer, and the limit."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from tuneloop.bootstrap import ensure_base_model
-    from tuneloop.data.policies import TokenBudget
-    from tuneloop.formatting import context_window, count_tokens
-
     path = ensure_base_model(cfg)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    limit, source = token_limit(cfg, context_window(AutoConfig.from_pretrained(path), tokenizer))
+    limit, source = token_limit(cfg, formatting.context_window(AutoConfig.from_pretrained(path), tokenizer))
     # Measuring rows longer than the model takes is the point: no "sequence too long" warning.
     tokenizer.model_max_length = int(1e30)
-    return TokenBudget(count=lambda ex: count_tokens(ex, tokenizer), limit=limit, source=source)
+    return TokenBudget(count=lambda ex: formatting.count_tokens(ex, tokenizer), limit=limit, source=source)
 
 
-def validate_prepared(cfg, prepared, budget: "TokenBudget | None" = None) -> ValidationReport:
+def validate_prepared(cfg, prepared, budget: TokenBudget | None = None) -> ValidationReport:
     """The gate as runs use it: a prepared dataset, the rows its policies handled, token
     bounds in the base model's tokenizer (token_budget, unless given)."""
     budget = budget or token_budget(cfg)
