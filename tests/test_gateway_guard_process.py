@@ -1,5 +1,6 @@
-"""The gateway's checks in their own process (tuneloop/gateway/guard_process.py): the same
-answers as in-process, and faults that refuse (never pass unchecked) and heal.
+"""The gateway's checks in their own process (tuneloop/gateway/guard_process.py; the child's
+side: guard_child.py): the same answers as in-process, and faults that refuse (never pass
+unchecked) and heal.
 
 - a child with Presidio and a classifier answers `find` and `scores` exactly as the
   in-process PiiRedactor and InjectionClassifier do;

@@ -6,7 +6,7 @@ demo model the classifier and Presidio took 7 % of the server's CPU and, through
 more of its throughput). Here they run in a child process, on another core, while the
 server only serialises strings:
 
-    GuardProcess(spec).start()   spawns `python -m tuneloop.gateway.guard_process <spec>`
+    GuardProcess(spec).start()   spawns `python -m tuneloop.gateway.guard_child <spec>`
     .submit(op, payload)         -> concurrent.futures.Future (thread-safe, never blocks)
     await .acall(op, payload, timeout_s)
     .call(op, payload, timeout_s)
@@ -24,9 +24,11 @@ turn. A tenant with a long prompt (PII analysis in chunks: tuneloop/gateway/pii.
 behind its own chunks, not the others behind them: before, one 200 KB prompt analysed whole
 made the child time out, be restarted, and 11 of 16 other tenants' streams fail.
 
-Ops (the spec says what the child loads): ``find`` (a text -> its PII entities),
-``redact`` (texts -> redacted texts: the request log's writer), ``scores`` (texts -> the
-classifier's scores and how many the screen cleared).
+This module is the parent's side and imports nothing of tuneloop; what runs in the child
+(loading the checks, answering the calls) is tuneloop/gateway/guard_child.py. Ops (the spec
+says what the child loads): ``find`` (a text -> its PII entities), ``redact`` (texts ->
+redacted texts: the request log's writer), ``scores`` (texts -> the classifier's scores and
+how many the screen cleared).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import json
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -258,7 +259,7 @@ class GuardProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false"}
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "tuneloop.gateway.guard_process", json.dumps(self.spec)],
+            proc = subprocess.Popen([sys.executable, "-m", "tuneloop.gateway.guard_child", json.dumps(self.spec)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
         except OSError as exc:
@@ -379,81 +380,3 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> bytes:
             return b""
         buf += chunk
     return buf
-
-
-# ---------------------------------------------------------------------------------------
-# the child
-
-
-def _serve(spec: dict, stdin, stdout) -> None:
-    from pathlib import Path
-
-    ops: dict[str, Callable] = {}
-    hello: dict[str, Any] = {"ready": True, "pid": os.getpid()}
-    if spec.get("nice"):
-        try:
-            os.nice(int(spec["nice"]))  # background work (the request log): the server's generation first
-        except OSError:
-            pass
-    if spec.get("pii") is not None:
-        from tuneloop.config import PiiConfig
-        from tuneloop.gateway.pii import PiiRedactor
-
-        pii = PiiRedactor(PiiConfig.model_validate(spec["pii"]), Path(spec["cache_dir"]), spec.get("key_prefix", "tl-"))
-        ops["find"] = lambda text: [[e.entity_type, e.start, e.end, e.score] for e in pii.find(text)]
-        ops["redact"] = lambda texts: [pii.redact(t)[0] for t in texts]
-        hello["pii"] = {"prescreen": pii.prescreen, "early_emit": pii.early_emit}
-    if spec.get("classifier") is not None:
-        from tuneloop.gateway.filter_model import InjectionClassifier
-
-        try:
-            import torch
-
-            torch.set_num_threads(1)  # an encoder classifier: one core beside the engine's
-        except ImportError:  # pragma: no cover
-            pass
-        clf = InjectionClassifier.load(Path(spec["classifier"]))
-        clf.scores(["warm-up: is this an injection?"])
-
-        def scores(texts):
-            before = (clf.screened_out, clf.encoded)
-            values = clf.scores(texts)
-            return {"scores": [float(v) for v in values], "screened": clf.screened_out - before[0],
-                    "encoded": clf.encoded - before[1]}
-
-        ops["scores"] = scores
-        hello["classifier"] = {"method": clf.method, "threshold": clf.threshold}
-    stdout.write(json.dumps(hello).encode() + b"\n")
-    stdout.flush()
-    for line in stdin:
-        request = json.loads(line)
-        cpu = time.thread_time()
-        try:
-            reply = {"id": request["id"], "result": ops[request["op"]](request["payload"])}
-        except Exception as exc:  # noqa: BLE001 - the caller refuses the request
-            reply = {"id": request["id"], "error": f"{type(exc).__name__}: {exc}"}
-        reply["cpu"] = time.thread_time() - cpu
-        stdout.write(json.dumps(reply, ensure_ascii=False).encode() + b"\n")
-        stdout.flush()
-
-
-def _main() -> None:  # pragma: no cover - runs in the child (tested through GuardProcess)
-    # The server drains on SIGTERM and still needs its checks for the streams in flight: the
-    # child lives in a session of its own and ignores the stop signals; it exits when its
-    # parent closes stdin (or dies: the pipe closes then too).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = sys.stdout.buffer
-    try:
-        spec = json.loads(sys.argv[1])
-        _serve(spec, sys.stdin.buffer, out)
-    except Exception as exc:  # noqa: BLE001 - before "ready": the parent reports it
-        try:
-            out.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
-            out.flush()
-        except OSError:
-            pass
-
-
-if __name__ == "__main__":
-    _main()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from tuneloop.gateway.guard_process import GuardFailed
 from tuneloop.privacy.secrets import SECRETS, Secret, prescreen_pattern, secrets_for
 
 if TYPE_CHECKING:
@@ -279,8 +280,6 @@ class RemotePiiRedactor(PiiRedactor):
         self.early_emit = bool(info.get("early_emit"))
 
     def _analyze(self, text: str) -> list[Entity]:
-        from tuneloop.gateway.guard_process import GuardFailed
-
         try:
             return [Entity(*e) for e in self.guard.call("find", text, self.config.timeout_s)]
         except GuardFailed as exc:
@@ -289,8 +288,6 @@ class RemotePiiRedactor(PiiRedactor):
     async def afind(self, text: str, tenant=None) -> list[Entity]:
         """The child's analysis, a window at a time in `tenant`'s turn (GuardProcess: tenants'
         calls interleave, so a long prompt delays its own request, not the others')."""
-        from tuneloop.gateway.guard_process import GuardFailed
-
         if not self.needs_analysis(text):
             return []
         found = []
