@@ -464,7 +464,7 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
             if client.last_headers.get("x-cache") != "hit":
                 raise RuntimeError(f"a repeated deterministic request was not a cache hit: {client.last_headers}")
             into["client"].append(time.perf_counter() - t)
-            # the app's own time in ms (tuneloop/serving/openai_api.py's ProcessingTimeMiddleware)
+            # the app's own time in ms (tuneloop/api/middleware.py: ProcessingTimeMiddleware)
             into["server"].append(float(client.last_headers["server-timing"].partition("dur=")[2]) / 1000)
 
     bodies = [{"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,

@@ -156,7 +156,7 @@ def main() -> None:
 async def run(systems: dict, home: Path, loaded, requests, answers, args) -> None:
     from tuneloop.config import TuneloopConfig
     from tuneloop.gateway.pipeline import Gateway
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
     from tests.test_serving_engine import make_server
 
     built = {}

@@ -60,7 +60,7 @@ def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
     cfg (sharing cfg's key store and Redis, as replicas do), over one live engine."""
     from tuneloop.gateway.pipeline import Gateway
     from tuneloop.serving.engine import ContinuousEngine
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
 
     async def main():
         engine = backend
@@ -454,10 +454,10 @@ def test_headers_on_every_v1_response(loaded, tmp_path):
 def test_processing_time_headers_agree_at_a_half_millisecond(monkeypatch):
     """Both time headers come from one reading: 0.5004 ms is "0.500" and "0" (CI once saw
     "0.500" next to "1", the whole milliseconds rounded from the unrounded reading)."""
-    from tuneloop.serving import openai_api
+    from tuneloop.api import middleware as api_middleware
 
     readings = iter([10.0, 10.0 + 0.0005004])
-    monkeypatch.setattr(openai_api.time, "perf_counter", lambda: next(readings))
+    monkeypatch.setattr(api_middleware.time, "perf_counter", lambda: next(readings))
     sent = []
 
     async def app(scope, receive, send):
@@ -466,7 +466,7 @@ def test_processing_time_headers_agree_at_a_half_millisecond(monkeypatch):
     async def send(message):
         sent.append(message)
 
-    middleware = openai_api.ProcessingTimeMiddleware(app)
+    middleware = api_middleware.ProcessingTimeMiddleware(app)
     asyncio.run(middleware({"type": "http", "path": "/v1/models"}, None, send))
     headers = dict(sent[0]["headers"])
     assert headers[b"server-timing"] == b"app;dur=0.500"

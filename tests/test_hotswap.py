@@ -83,7 +83,8 @@ def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path
     from tuneloop.requestlog.store import read_records
     from tuneloop.requestlog.writer import open_request_log
     from tuneloop.serving.hotswap import ChampionWatcher
-    from tuneloop.serving.openai_api import ServedModel, create_app
+    from tuneloop.api.app import create_app
+    from tuneloop.serving.setup import ServedModel
     from tuneloop.serving.slots import SlotEngine
 
     cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path)}, "gateway": {

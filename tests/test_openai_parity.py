@@ -65,7 +65,7 @@ def test_shaping_and_ignore_eos_are_the_same_on_every_engine(loaded):
 
 
 def run_api(loaded, test, **engine_kw):
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
     from tuneloop.serving.slots import SlotEngine
 
     async def main():

@@ -32,7 +32,7 @@ def run_logged(loaded, cfg, test, backend=None):
     from tuneloop.gateway.pipeline import Gateway
     from tuneloop.requestlog.writer import open_request_log
     from tuneloop.serving.engine import ContinuousEngine
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
 
     async def main():
         engine = backend

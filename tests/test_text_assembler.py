@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tuneloop.serving.openai_api import TextAssembler
+from tuneloop.serving.text import TextAssembler
 
 TEXT = "naïve café 🙂 日本語, Ünïcödé ✓ — 🎉🎉 señor, ça va? 中文字符 ok.\n"
 

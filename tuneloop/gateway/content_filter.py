@@ -48,6 +48,11 @@ class Verdict:
     def flagged_categories(self) -> list[str]:
         return [c for c, v in self.categories.items() if v]
 
+    def summary(self) -> dict:
+        """As the request log keeps it: {flagged, categories, rules, score}."""
+        return {"flagged": bool(self.flagged), "categories": self.flagged_categories(), "rules": list(self.rules),
+                "score": round(float(max(self.scores.values(), default=0.0)), 4) if self.scores else None}
+
 
 class RuleSet:
     def __init__(self, rules: Sequence[Any], version: str):

@@ -5,9 +5,9 @@
     token reservation (limiter.py) -> generation -> PII on the output (streams too) ->
     content filter on the output -> cache store -> token refund
 
-GatewayMiddleware (pure ASGI, in front of every /v1 route) does the first two and puts a
-RequestGate on the request's state; the OpenAI routes (tuneloop/serving/openai_api.py)
-call the gate for the rest. The gate runs on the server's event loop: no extra network hop
+The gateway is one of the API's hooks (tuneloop/hooks.py): a RequestGate a request, whose
+stages the API (tuneloop/api) calls: on_request does the first two, the generation routes'
+stages the rest. The gate runs on the server's event loop: no extra network hop
 but Redis; the heavy work (Presidio, the classifier) runs in the checks' own process
 (gateway.checks_in: process, the default: guard_process.py, each tenant's calls in turn) or in
 worker threads, with deadlines. Every failure of a safety step refuses the request (fails
@@ -23,12 +23,12 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from tuneloop.asgi import ApiMiddleware
 from tuneloop.gateway.cache import ResultCache, cache_key, cacheable
 from tuneloop.gateway.content_filter import ContentFilter, RuleSet, Verdict
 from tuneloop.gateway.keys import ApiKey, InvalidKey, KeyStore, load_pepper
 from tuneloop.gateway.limiter import Decision, Limits, MemoryLimiter, RedisLimiter, rate_limit_headers
 from tuneloop.gateway.redis_health import RedisHealth, RedisUnavailable
+from tuneloop.hooks import CallHook
 from tuneloop.serving.admission import Share
 from tuneloop.serving.errors import (
     ContentFiltered,
@@ -41,7 +41,6 @@ from tuneloop.serving.errors import (
 
 log = logging.getLogger("bentoml.tuneloop.gateway")
 
-STATE_KEY = "tuneloop_gate"  # where the RequestGate lives in the ASGI scope's state
 CIRCUIT_VALUES = {"closed": 0, "half_open": 1, "open": 2}
 
 
@@ -415,10 +414,12 @@ def registered_classifier_folder(cfg, ref: str) -> tuple[Path | None, str | None
 # per request
 
 
-class RequestGate:
-    """One /v1 request's pass through the gateway: what the routes call."""
+class RequestGate(CallHook):
+    """One /v1 request's pass through the gateway: the API's hook (tuneloop/hooks.py). What it
+    finds goes into the request's record (`call`): the key's id and tenant, the cache's
+    answer, the prompt's screening (the request log keeps them)."""
 
-    def __init__(self, gateway: Gateway, key: ApiKey | None):
+    def __init__(self, gateway: Gateway, key: ApiKey | None = None):
         self.gateway = gateway
         self.key = key
         self.decision: Decision | None = None  # the latest limiter decision (for the headers)
@@ -426,13 +427,9 @@ class RequestGate:
         # (one limiter call), with its cache lookup on a hit, or on its own after an early error.
         self.request_pending = False
         self.cache_status: str | None = None
+        self.cache_key: str | None = None
         self.reserved = 0
-        # What the prompt's screening found (the request log reads them): the entity types
-        # removed, the texts after screening (and whether they are redacted), the verdicts.
-        self.pii_found: list[str] = []
-        self.screened: list[str] | None = None
-        self.screened_redacted = False
-        self.prompt_verdicts: list[Verdict] | None = None
+        self.pii_found: list[str] = []  # the entity types removed from the prompt
 
     @property
     def tenant(self) -> str:
@@ -448,10 +445,61 @@ class RequestGate:
             out.append((b"x-cache", self.cache_status.encode()))
         return out
 
+    # ---- every /v1 request --------------------------------------------------------------
+    async def on_request(self, call, scope) -> None:
+        """Auth and the request limit. A generation route's request unit is taken with its
+        token reservation (one limiter call a request; a cache hit takes it with its lookup,
+        an error before the reservation as its response starts), after a local check that
+        refuses a key certainly over its request limit before any work."""
+        gateway = self.gateway
+        self.key = gateway.authenticate(_header(scope, b"authorization"))
+        if self.key is not None:
+            call.key_id, call.tenant = self.key.id, self.key.tenant
+        if self.key is not None and scope["method"] == "POST" and scope["path"] in DEFERRED_ROUTES:
+            self.request_pending = True
+            gateway.refuse_early(self)
+        else:
+            await gateway.take(self, 1, 0)
+
+    async def response_headers(self, call, status: int) -> list[tuple[bytes, bytes]]:
+        if self.request_pending:  # answered before its reservation (an error): it counts all the same
+            try:
+                await self.gateway.take(self, 0, 0)
+            except ServingError:  # over the limit or Redis away: this response stands
+                self.request_pending = False
+        return self.headers()
+
+    # ---- cache --------------------------------------------------------------------------
+    async def lookup(self, call, model_id: str, route: str, body: dict[str, Any]) -> dict | None:
+        """The cached answer, or None; a hit has taken the request's unit (429 if over). The key
+        carries this gateway's policy, so a hit passed the same screening."""
+        g = self.gateway
+        if g.cache is None or not cacheable(body):
+            self.cache_status = call.cache = "miss" if g.cache is not None else None
+            return None
+        self.cache_key = cache_key(self.tenant, f"{model_id}|policy:{g.policy_id}", route, body)
+        hit = await g.cached(self, self.cache_key)
+        self.cache_status = call.cache = "hit" if hit is not None else "miss"
+        logged = hit.get("log") if hit is not None else None
+        if isinstance(logged, dict) and "prompt" in logged:
+            # The prompt as this policy redacted it for the log: no second analysis.
+            call.prompt, call.prompt_redacted = logged["prompt"], True
+            call.pii_entities = logged.get("pii_entities") or None
+        return hit
+
+    async def store(self, call, value: dict) -> None:
+        if self.cache_key is None:
+            return
+        if call.prompt_redacted:
+            # The prompt as this policy redacted it for the log: a hit on this entry (same
+            # request, same policy: the key carries both) logs it without analysing it again.
+            value = {**value, "log": {"prompt": call.prompt, "pii_entities": sorted(set(self.pii_found))}}
+        await self.gateway.cache.put(self.cache_key, value)
+
     # ---- prompts ------------------------------------------------------------------------
-    async def screen_prompts(self, texts: list[str], untrusted: list[bool] | None = None) -> list[str]:
+    async def screen_prompts(self, call, texts: list[str], roles: list[str] | None) -> list[str]:
         """PII (redact or block) on every prompt text, then the content filter (block or
-        annotate) on the untrusted ones (default all; chat: the messages of the roles
+        annotate) on the untrusted ones (completions: all; chat: the messages of the roles
         gateway.filter.roles names, every role by default)."""
         g = self.gateway
         if g.pii is not None and g.config.pii.mode != "off" and texts:
@@ -460,22 +508,29 @@ class RequestGate:
             for entity in found:
                 g.metrics.pii.labels(entity=entity, where="prompt").inc()
             texts = [text for text, _ in results]
-            self.pii_found, self.screened, self.screened_redacted = found, texts, True
+            self.pii_found = found
+            call.prompt, call.prompt_redacted = texts, True  # what a refusal from here on logs
+            call.pii_entities = sorted(set(found)) or None
             if found and g.config.pii.mode == "block":
                 raise PiiDetected("The prompt contains personal data or secrets "
                                   f"({', '.join(sorted(set(found)))}); remove them and retry.")
         else:
-            self.screened = texts
-        checked = [t for t, u in zip(texts, untrusted or [True] * len(texts)) if u]
+            call.prompt = texts
+        untrusted = [True] * len(texts) if roles is None else [r in g.config.filter.roles for r in roles]
+        checked = [t for t, u in zip(texts, untrusted) if u]
         if g.filter is not None and g.config.filter.prompts != "off" and checked:
             verdicts = await self.check_content(checked, "prompt")
-            self.prompt_verdicts = verdicts
-            flagged = [v for v in verdicts if v.blocks(g.config.filter.classifier_action)]
-            if flagged and g.config.filter.prompts == "block":
-                cats = sorted({c for v in flagged for c in v.flagged_categories()})
+            flagged = [v for v in verdicts if v.flagged]
+            call.prompt_filter = (flagged[0] if flagged else verdicts[0]).summary()
+            blocking = [v for v in verdicts if v.blocks(g.config.filter.classifier_action)]
+            if blocking and g.config.filter.prompts == "block":
+                cats = sorted({c for v in blocking for c in v.flagged_categories()})
                 raise ContentFiltered(f"The prompt was flagged by the content filter ({', '.join(cats)}) and was "
                                       "not processed.")
         return texts
+
+    def prompts_redacted(self) -> bool:
+        return self.gateway.pii is not None and self.gateway.config.pii.mode == "redact"
 
     async def check_content(self, texts: list[str], where: str, classify: bool = True) -> list[Verdict]:
         try:
@@ -488,67 +543,53 @@ class RequestGate:
                 self.gateway.metrics.flagged.labels(category=c, where=where).inc()
         return verdicts
 
-    # ---- cache --------------------------------------------------------------------------
-    def cache_key(self, model_id: str, route: str, body: dict[str, Any]) -> str | None:
-        if self.gateway.cache is None or not cacheable(body):
-            self.cache_status = "miss" if self.gateway.cache is not None else None
+    async def moderate(self, call, texts: list[str]) -> tuple[str, list] | None:
+        if self.gateway.filter is None:
             return None
-        return cache_key(self.tenant, f"{model_id}|policy:{self.gateway.policy_id}", route, body)
-
-    async def cache_get(self, key: str | None) -> dict | None:
-        """The cached answer, or None; a hit has taken the request's unit (429 if over)."""
-        if key is None:
-            return None
-        hit = await self.gateway.cached(self, key)
-        self.cache_status = "hit" if hit is not None else "miss"
-        return hit
-
-    async def cache_put(self, key: str | None, value: dict) -> None:
-        if key is not None:
-            await self.gateway.cache.put(key, value)
+        return self.gateway.filter.model_id, await self.check_content(texts, "moderation")
 
     # ---- tokens -------------------------------------------------------------------------
-    async def reserve(self, tokens: int) -> None:
+    def share(self, max_concurrency: int):
+        return self.gateway.share_for(self.key, max_concurrency)
+
+    async def reserve(self, call, tokens: int) -> None:
         """Take prompt + max_tokens from the key's tokens/min before generating, with the
         request's deferred unit if it is still owed (429 if over)."""
         if await self.gateway.take(self, 0, tokens) is not None:
             self.reserved = tokens
 
-    def settle(self, used: int) -> None:
+    def release(self, used_tokens: int) -> None:
         """Give back what the response did not use (called once, when it ends however it ends)."""
-        unused, self.reserved = self.reserved - used, 0
+        unused, self.reserved = self.reserved - used_tokens, 0
         if unused > 0 and self.key is not None:
             self.gateway.limiter.refund_later(self.key.id, self.gateway.limits_for(self.key), unused)
 
     # ---- outputs ------------------------------------------------------------------------
-    @property
     def redacts_outputs(self) -> bool:
         return self.gateway.pii is not None and self.gateway.config.pii.outputs != "off"
 
-    def output_redactor(self):
+    def output_stream(self):
         """A per-choice stream redactor (add(delta) -> safe text, flush()), or None."""
         g = self.gateway
-        if not self.redacts_outputs:
+        if not self.redacts_outputs():
             return None
         return _CountingRedactor(g.pii.stream(g.config.pii.stream_step_chars, self.tenant),
                                  lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
 
-    async def redact_output(self, texts: list[str]) -> list[str]:
+    async def screen_outputs(self, call, texts: list[str]) -> list[str]:
         """Whole output texts (e.g. an echoed prompt) through the output redaction."""
-        if not self.redacts_outputs:
+        if not self.redacts_outputs():
             return texts
         g = self.gateway
         return [text for text, _ in await _redact_all(g.pii, texts, self.tenant, g.config.pii.request_budget_s)]
 
-    async def check_output(self, texts: list[str]) -> list[Verdict] | None:
+    async def check_output(self, call, text: str) -> tuple[Verdict, bool] | None:
         g = self.gateway
         if g.filter is None or g.config.filter.outputs == "off":
             return None
-        return await self.check_content(texts, "output", classify=g.config.filter.classify_outputs)
-
-    def output_blocked(self, verdict: Verdict) -> bool:
-        f = self.gateway.config.filter
-        return self.gateway.filter is not None and f.outputs == "block" and verdict.blocks(f.classifier_action)
+        verdict = (await self.check_content([text], "output", classify=g.config.filter.classify_outputs))[0]
+        f = g.config.filter
+        return verdict, f.outputs == "block" and verdict.blocks(f.classifier_action)
 
 
 async def _redact_all(pii, texts: list[str], tenant=None, budget_s: float | None = None
@@ -587,6 +628,14 @@ class _CountingRedactor:
         self.count = count
         self._counted = 0
 
+    @property
+    def resolved(self) -> int:
+        return self.inner.resolved
+
+    @property
+    def spans(self):
+        return self.inner.spans
+
     async def add(self, delta: str) -> str:
         try:
             early, window = self.inner.begin(delta)
@@ -617,54 +666,11 @@ class _CountingRedactor:
 
 
 # ---------------------------------------------------------------------------------------
-# ASGI
+# the request's scope
 
 
 # Routes whose request unit is taken with their token reservation (one limiter call a request).
 DEFERRED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
-
-
-class GatewayMiddleware(ApiMiddleware):
-    """Auth and the request limit for every /v1 route, and the gate's headers on every /v1
-    response (errors and streams included). A generation route's request unit is taken with
-    its token reservation (one limiter call a request; a cache hit takes it with its lookup,
-    an error before the reservation as its response starts), after a local check that refuses a key
-    certainly over its request limit before any work. Without app.state.gateway it lets all
-    through (an app built without a gateway, e.g. in unit tests)."""
-
-    async def handle(self, scope, receive, send):
-        app = scope.get("app")
-        gateway: Gateway | None = getattr(getattr(app, "state", None), "gateway", None)
-        if gateway is None:
-            return await self.app(scope, receive, send)
-        gate = RequestGate(gateway, None)
-        scope.setdefault("state", {})[STATE_KEY] = gate  # before auth: the request log reads it on refusals too
-        try:
-            gate.key = gateway.authenticate(_header(scope, b"authorization"))
-            if gate.key is not None and scope["method"] == "POST" and scope["path"] in DEFERRED_ROUTES:
-                # The request unit goes with the token reservation (one limiter call), unless
-                # the key is certainly over its request limit already.
-                gate.request_pending = True
-                gateway.refuse_early(gate)
-            else:
-                await gateway.take(gate, 1, 0)
-        except ServingError as err:
-            return await _send_error(err, gate, scope, receive, send)
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                if gate.request_pending:  # answered before its reservation (an error): it counts all the same
-                    try:
-                        await gateway.take(gate, 0, 0)
-                    except ServingError:  # over the limit or Redis away: this response stands
-                        gate.request_pending = False
-                # A 429 raised inside the route carries the same headers already: one of each.
-                headers = list(message.get("headers", []))
-                present = {k.lower() for k, _ in headers}
-                message = {**message, "headers": headers + [(k, v) for k, v in gate.headers() if k not in present]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -672,17 +678,3 @@ def _header(scope, name: bytes) -> str | None:
         if k.lower() == name:
             return v.decode("latin-1")
     return None
-
-
-async def _send_error(err: ServingError, gate: RequestGate, scope, receive, send) -> None:
-    from tuneloop.serving.openai_api import error_response
-
-    response = error_response(err)
-    for k, v in gate.headers():
-        response.headers.setdefault(k.decode(), v.decode())
-    await response(scope, receive, send)
-
-
-def gate_of(request) -> RequestGate | None:
-    return request.scope.get("state", {}).get(STATE_KEY)
-

@@ -1,7 +1,8 @@
 """One finished /v1 request as the log keeps it.
 
-The routes fill a RequestRecord while they work (the middleware in asgi.py makes it and
-hands it over once, when the response has ended however it ended). Texts are held as the
+Every /v1 request has one (the API's HooksMiddleware makes it): the routes and the hooks
+(the gateway: the key, the cache, the screening) fill it while they work, and the request
+log's hook (hook.py) hands it over once, when the response has ended however it ended. Texts are held as the
 gateway let them through: the prompt after its screening, the completions as the client
 got them; `prompt_redacted` / `completion_redacted` say whether the gateway redacted them
 already (else the writer does, off the event loop, before anything is written).
@@ -83,11 +84,3 @@ class RequestRecord:
         out.pop("_first_token")
         out["kind"] = "request"
         return out
-
-
-def verdict_summary(verdict) -> dict | None:
-    """A content-filter Verdict as the log keeps it."""
-    if verdict is None:
-        return None
-    return {"flagged": bool(verdict.flagged), "categories": verdict.flagged_categories(), "rules": list(verdict.rules),
-            "score": round(float(max(verdict.scores.values(), default=0.0)), 4) if verdict.scores else None}

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from tuneloop.serving.openai_api import ServedModel
+from tuneloop.serving.setup import ServedModel
 
 log = logging.getLogger("bentoml.tuneloop.hotswap")
 _IGNORED = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "_commit_hash"}

@@ -12,12 +12,34 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tuneloop.config import ServingConfig, TuneloopConfig
 from tuneloop.serving.engine import GenerationStream, SamplingParams
 from tuneloop.serving.errors import ServingSetupError  # noqa: F401  (raised here; callers import it from here too)
-from tuneloop.serving.openai_api import OpenAIServer, ServedModel
+
+
+@dataclass
+class ServedModel:
+    name: str
+    version: str
+    aliases: list[str] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    @property
+    def ids(self) -> list[str]:
+        """Every name a request may use: name:version first, then the aliases."""
+        out = [self.id]
+        for alias in [*self.aliases, self.name]:
+            if alias not in out:
+                out.append(alias)
+        return out
 
 
 def resolve_model_dir(cfg: TuneloopConfig) -> Path:
@@ -48,7 +70,7 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-async def warm_up(server: OpenAIServer, requests: int, max_new_tokens: int = 2) -> float:
+async def warm_up(server: Any, requests: int, max_new_tokens: int = 2) -> float:
     """Generate a few short completions through the server's backend; mark it ready. Returns seconds.
 
     One request alone first (first-call costs), then the rest at once: through the
