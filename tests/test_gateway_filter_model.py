@@ -1,4 +1,4 @@
-"""The content filter's stage-2 classifier (tuneloop/gateway/filter_model.py).
+"""The content filter's stage-2 classifier (tuneloop/gateway/filter_model.py, trained by filter_train.py).
 
 Validation tests run anywhere. The training tests use the real labelled set next to the
 checkout (../shared/data/prompt-injections/train.parquet) and the packaged all-MiniLM-L6-v2
@@ -9,13 +9,17 @@ on two cores together).
 from __future__ import annotations
 
 import json
+import sys
+import types
 from pathlib import Path
 
+import joblib
 import numpy as np
 import pandas as pd
 import pytest
 
 from tuneloop.gateway import filter_model as fm
+from tuneloop.gateway import filter_train as ft
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompt-injections" / "train.parquet"
 TARGET_FPR = 0.05
@@ -42,7 +46,7 @@ def test_load_labelled_formats_and_label_types(tmp_path):
     df.assign(label=[1.0, 0.0, 1.0]).to_csv(tmp_path / "x.csv", index=False)
     df.to_json(tmp_path / "x.jsonl", orient="records", lines=True)
     for name in ("x.parquet", "x.csv", "x.jsonl"):
-        out = fm.load_labelled(tmp_path / name)
+        out = ft.load_labelled(tmp_path / name)
         assert list(out.columns) == ["text", "label"]
         assert out["label"].tolist() == [1, 0, 1]
         assert out["label"].dtype.kind == "i"
@@ -61,22 +65,22 @@ def test_load_labelled_rejects_bad_input(tmp_path, frame, message):
     path = tmp_path / "bad.parquet"
     frame.to_parquet(path)
     with pytest.raises(ValueError, match=message):
-        fm.load_labelled(path)
+        ft.load_labelled(path)
 
 
 def test_load_labelled_missing_file_and_unknown_format(tmp_path):
     with pytest.raises(FileNotFoundError):
-        fm.load_labelled(tmp_path / "nope.parquet")
+        ft.load_labelled(tmp_path / "nope.parquet")
     (tmp_path / "x.txt").write_text("hello")
     with pytest.raises(ValueError, match="unknown format"):
-        fm.load_labelled(tmp_path / "x.txt")
+        ft.load_labelled(tmp_path / "x.txt")
 
 
 def test_split_deduplicates_and_stratifies():
     texts = [f"benign {i}" for i in range(60)] + [f"attack {i}" for i in range(40)]
     labels = [0] * 60 + [1] * 40
     df = pd.DataFrame({"text": texts + texts[:10] + ["attack 0"], "label": labels + labels[:10] + [0]})
-    train, test = fm.split_labelled(df, 0.2, seed=3)
+    train, test = ft.split_labelled(df, 0.2, seed=3)
     assert len(train) + len(test) == 100  # the 11 exact duplicates are gone
     assert not set(train.text) & set(test.text)
     assert test.label.sum() == 8 and len(test) == 20  # stratified: 40% injections in both parts
@@ -84,47 +88,47 @@ def test_split_deduplicates_and_stratifies():
     # a text labelled both ways keeps 1 (the filter errs towards flagging)
     both = pd.concat([train, test])
     assert both.loc[both.text == "attack 0", "label"].tolist() == [1]
-    again = fm.split_labelled(df, 0.2, seed=3)
+    again = ft.split_labelled(df, 0.2, seed=3)
     assert again[0].equals(train) and again[1].equals(test)
     with pytest.raises(ValueError, match="test_fraction"):
-        fm.split_labelled(df, 1.5, seed=3)
+        ft.split_labelled(df, 1.5, seed=3)
     with pytest.raises(ValueError, match="at least 2"):
-        fm.split_labelled(pd.DataFrame({"text": ["a", "b", "c"], "label": [0, 0, 1]}), 0.3, seed=0)
+        ft.split_labelled(pd.DataFrame({"text": ["a", "b", "c"], "label": [0, 0, 1]}), 0.3, seed=0)
 
 
 def test_threshold_keeps_out_of_fold_fpr_at_target():
     rng = np.random.default_rng(0)
     neg = rng.random(200)
     for target in (0.01, 0.05, 0.1):
-        t = fm._threshold_for_fpr(neg, target)
+        t = ft._threshold_for_fpr(neg, target)
         assert (neg >= t).sum() <= int(target * len(neg))
         assert (neg >= t).sum() >= int(target * len(neg)) - 1  # and not needlessly strict
-        assert fm._threshold_for_fpr(neg, target, "edge") <= t
+        assert ft._threshold_for_fpr(neg, target, "edge") <= t
 
 
 def test_threshold_with_confidence_leaves_a_margin_under_the_target():
     """With fpr_confidence the threshold allows only as many false positives as keep the FPR's
     upper confidence bound within the target: fewer than the point estimate, none for tiny n."""
-    assert fm.allowed_false_positives(274, 0.05) == 13  # floor(0.05 * 274)
-    strict = fm.allowed_false_positives(274, 0.05, 0.8)
+    assert ft.allowed_false_positives(274, 0.05) == 13  # floor(0.05 * 274)
+    strict = ft.allowed_false_positives(274, 0.05, 0.8)
     assert 0 < strict < 13
     from scipy.stats import beta
 
     assert beta.ppf(0.8, strict + 1, 274 - strict) <= 0.05 < beta.ppf(0.8, strict + 2, 274 - strict - 1)
-    assert fm.allowed_false_positives(10, 0.05, 0.8) == 0
+    assert ft.allowed_false_positives(10, 0.05, 0.8) == 0
     neg = np.random.default_rng(1).random(274)
-    assert (neg >= fm._threshold_for_fpr(neg, 0.05, confidence=0.8)).sum() == strict
+    assert (neg >= ft._threshold_for_fpr(neg, 0.05, confidence=0.8)).sum() == strict
     with pytest.raises(ValueError, match="fpr_confidence"):
-        fm.train_classifier(pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10}), TARGET_FPR,
+        ft.train_classifier(pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10}), TARGET_FPR,
                             0, {"fpr_confidence": 1.5})
 
 
 def test_unknown_method_or_param_is_refused():
     df = pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10})
     with pytest.raises(ValueError, match="unknown method"):
-        fm.train_classifier(df, TARGET_FPR, 0, {"method": "magic"})
+        ft.train_classifier(df, TARGET_FPR, 0, {"method": "magic"})
     with pytest.raises(ValueError, match="unknown filter params"):
-        fm.train_classifier(df, TARGET_FPR, 0, {"epochz": 3})
+        ft.train_classifier(df, TARGET_FPR, 0, {"epochz": 3})
 
 
 def test_encoder_path_is_the_packaged_model():
@@ -133,9 +137,54 @@ def test_encoder_path_is_the_packaged_model():
 
 
 def test_confusion_matrix_figure_writes_png(tmp_path):
-    out = fm.confusion_matrix_figure({"tp": 30, "fp": 2, "tn": 60, "fn": 5, "recall": 0.857, "fpr": 0.032,
+    out = ft.confusion_matrix_figure({"tp": 30, "fp": 2, "tn": 60, "fn": 5, "recall": 0.857, "fpr": 0.032,
                                       "threshold": 0.4}, tmp_path / "plots" / "cm.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _dump_under(path, obj, module_name: str, aliases: dict, monkeypatch) -> None:
+    """joblib.dump of obj with its head's class in module_name, these module names in
+    sys.modules meanwhile (as an older checkout had them)."""
+    with monkeypatch.context() as m:
+        for name, module in aliases.items():
+            m.setitem(sys.modules, name, module)
+        m.setattr(type(obj["head"]), "__module__", module_name)
+        joblib.dump(obj, path, compress=3)
+
+
+def test_a_head_saved_under_the_old_package_name_loads(tmp_path, monkeypatch):
+    """head.joblib written before the rename (components -> tuneloop) names the head's class
+    components.gateway.filter_model._Head: it loads and scores as saved, and leaves no
+    components.* module behind; one naming a module tuneloop does not have says to retrain."""
+    texts = INJECTIONS + BENIGN
+    labels = [1] * len(INJECTIONS) + [0] * len(BENIGN)
+    dense = np.zeros((len(texts), 2), dtype=np.float32)
+    head = ft.fit_head({**ft.DEFAULT_PARAMS, "char_min_df": 1}, texts, dense, labels, 0, use_tfidf=True, screen=True)
+    old = tmp_path / "old.joblib"
+    _dump_under(old, {"head": head}, "components.gateway.filter_model",
+                {"components": sys.modules["tuneloop"], "components.gateway": sys.modules["tuneloop.gateway"],
+                 "components.gateway.filter_model": fm}, monkeypatch)
+    assert fm._Head.__module__ == "tuneloop.gateway.filter_model"
+    with pytest.raises(ModuleNotFoundError, match="components"):
+        joblib.load(old)  # it does name the old package
+    loaded = fm.load_head(old)
+    assert type(loaded) is fm._Head
+    np.testing.assert_allclose(loaded.predict(texts, dense), head.predict(texts, dense), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(loaded.screen_texts(texts), head.screen_texts(texts), rtol=0, atol=1e-12)
+    assert not [name for name in sys.modules if name.split(".")[0] == "components"]
+
+    class Gone:
+        pass
+
+    gone = types.ModuleType("components.gateway.gone")
+    gone.Gone = Gone
+    Gone.__qualname__ = "Gone"
+    _dump_under(tmp_path / "gone.joblib", {"head": Gone()}, "components.gateway.gone",
+                {"components": sys.modules["tuneloop"], "components.gateway": sys.modules["tuneloop.gateway"],
+                 "components.gateway.gone": gone}, monkeypatch)
+    with pytest.raises(ValueError, match="retrain the classifier with `tuneloop filter train`"):
+        fm.load_head(tmp_path / "gone.joblib")
+    assert not [name for name in sys.modules if name.split(".")[0] == "components"]
 
 
 # ---- trained on the real set --------------------------------------------------------------
@@ -143,15 +192,15 @@ def test_confusion_matrix_figure_writes_png(tmp_path):
 def split():
     if not DATA.exists():
         pytest.skip(f"labelled prompt-injection set not present at {DATA}")
-    df = fm.load_labelled(DATA)
-    return fm.split_labelled(df, 0.2, SEED)
+    df = ft.load_labelled(DATA)
+    return ft.split_labelled(df, 0.2, SEED)
 
 
 @pytest.fixture(scope="module")
 def trained(split):
     train, _ = split
     lines: list[str] = []
-    clf = fm.train_classifier(train, TARGET_FPR, SEED, {}, progress=lines.append)
+    clf = ft.train_classifier(train, TARGET_FPR, SEED, {}, progress=lines.append)
     return clf, lines
 
 
@@ -159,13 +208,13 @@ def trained(split):
 def with_encoder(split):
     """hybrid on the encoder's own embeddings (the cascade's case: a screen spares the encoder)."""
     train, _ = split
-    return fm.train_classifier(train, TARGET_FPR, SEED, {"embeddings": "encoder"})
+    return ft.train_classifier(train, TARGET_FPR, SEED, {"embeddings": "encoder"})
 
 
 @pytest.fixture(scope="module")
 def baseline(split):
     train, _ = split
-    return fm.train_classifier(train, TARGET_FPR, SEED, {"method": "baseline"})
+    return ft.train_classifier(train, TARGET_FPR, SEED, {"method": "baseline"})
 
 
 @needs_data
@@ -173,7 +222,7 @@ def baseline(split):
 def test_default_method_and_threshold_from_training_data(trained, split):
     clf, lines = trained
     train, _ = split
-    assert clf.method == fm.DEFAULT_METHOD == "hybrid"
+    assert clf.method == ft.DEFAULT_METHOD == "hybrid"
     assert 0.0 < clf.threshold < 1.0
     assert clf.info["n_train"] == len(train) and clf.info["target_fpr"] == TARGET_FPR
     assert clf.info["oof_fpr"] <= TARGET_FPR  # chosen on out-of-fold scores of the training part
@@ -203,7 +252,7 @@ def test_save_load_gives_identical_scores(trained, split, tmp_path):
     meta = json.loads((folder / "classifier.json").read_text())
     assert meta["method"] == "hybrid" and meta["threshold"] == clf.threshold
     # the distilled table travels with the classifier (float16, 30,522 x 384: 23 MB + the tokenizer)
-    assert meta["encoder"] == {"kind": "static", "path": "static", "distilled_from": fm.ENCODER_NAME}
+    assert meta["encoder"] == {"kind": "static", "path": "static", "distilled_from": ft.ENCODER_NAME}
     assert (folder / "static" / "table.npy").exists() and (folder / "static" / "tokenizer.json").exists()
     assert sum(f.stat().st_size for f in folder.rglob("*")) < 30_000_000
     loaded = fm.InjectionClassifier.load(folder)
@@ -218,7 +267,7 @@ def test_save_load_gives_identical_scores(trained, split, tmp_path):
 def test_evaluate_counts_are_consistent(trained, split):
     clf, _ = trained
     _, test = split
-    m = fm.evaluate_classifier(clf, test)
+    m = ft.evaluate_classifier(clf, test)
     pos, neg = int(test.label.sum()), int((test.label == 0).sum())
     assert m["tp"] + m["fn"] == pos and m["fp"] + m["tn"] == neg and m["n_test"] == len(test)
     assert m["recall"] == pytest.approx(m["tp"] / pos) and m["fpr"] == pytest.approx(m["fp"] / neg)
@@ -235,7 +284,7 @@ def test_default_method_beats_the_baseline_on_the_held_out_split(trained, baseli
     0-9 and 42 the default method met the target on 10 of 11 splits (module docstring)."""
     clf, _ = trained
     _, test = split
-    ours, base = fm.evaluate_classifier(clf, test), fm.evaluate_classifier(baseline, test)
+    ours, base = ft.evaluate_classifier(clf, test), ft.evaluate_classifier(baseline, test)
     assert ours["roc_auc"] >= 0.97
     # The issue's target on the flow's split (seed 42: 0.927 at 0.015 measured).
     assert ours["recall"] >= 0.85 and ours["fpr"] <= 0.05
@@ -250,7 +299,7 @@ def test_finetune_method_saves_its_encoder(split, tmp_path):
     carries the encoder, and the reloaded classifier scores identically."""
     train, _ = split
     small = pd.concat([train[train.label == 1].head(30), train[train.label == 0].head(30)])
-    clf = fm.train_classifier(small, TARGET_FPR, SEED, {"method": "finetune", "epochs": 1, "finetune_oof_folds": 2,
+    clf = ft.train_classifier(small, TARGET_FPR, SEED, {"method": "finetune", "epochs": 1, "finetune_oof_folds": 2,
                                                         "train_max_seq_length": 64, "segments": False})
     assert clf.method == "finetune" and clf.info["encoder_finetuned"]
     folder = clf.save(tmp_path / "ft")
@@ -301,7 +350,7 @@ def test_a_classifier_saved_before_the_cascade_scores_as_it_was_trained(with_enc
     old = fm.InjectionClassifier.load(folder)
     texts = INJECTIONS + BENIGN
     cfg = {**meta["config"], "whole_embedding": True}
-    expected = clf._head.predict(texts, fm._dense_features(clf._model(), texts, cfg))
+    expected = clf._head.predict(texts, fm.dense_features(clf._model(), texts, cfg))
     np.testing.assert_allclose(old.scores(texts), expected, rtol=0, atol=1e-9)
     assert old.screened_out == 0 and old.encoded == len(texts)
 
@@ -343,7 +392,7 @@ def test_the_default_scores_without_a_transformer_pass(trained, with_encoder, sp
     assert np.allclose(np.linalg.norm(static, axis=1), 1, atol=1e-3)
     assert table.embed(["", "What is the capital of France?"])[0].tolist() == [0.0] * 384
     with pytest.raises(ValueError, match="embeddings must be static or encoder"):
-        fm.train_classifier(split[0], TARGET_FPR, SEED, {"embeddings": "glove"})
+        ft.train_classifier(split[0], TARGET_FPR, SEED, {"embeddings": "glove"})
 
 
 @needs_data
@@ -356,7 +405,7 @@ def test_served_scores_are_sklearns_without_its_overhead(trained, with_encoder, 
     texts = test.text.tolist() + INJECTIONS + BENIGN + ["", "zzqx", "12345 !!!"]
     for clf in (trained[0], with_encoder, baseline):
         head = clf._head
-        dense = fm._dense_features(clf._model(), texts, clf._config)
+        dense = fm.dense_features(clf._model(), texts, clf._config)
         expected = head.lr.predict_proba(head._matrix(head.sparse(texts), dense))[:, 1]
         np.testing.assert_allclose(head.predict(texts, dense), expected, rtol=0, atol=1e-5)
     head = with_encoder._head

@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from tuneloop.config import PiiConfig
+from tuneloop.gateway.filter_train import train_classifier
 from tuneloop.gateway.guard_process import MAX_IN_FLIGHT, GuardFailed, GuardProcess
 from tests.test_gateway import PLANTED, PLANTED_TEXT, ScriptedModel, _assert_clean, gateway_config, loaded  # noqa: F401
 from tests.test_serving_engine import raw, sdk
@@ -38,10 +39,8 @@ BENIGN = [f"What is a good recipe for {x}?" for x in (
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory):
-    from tuneloop.gateway import filter_model as fm
-
     df = pd.DataFrame({"text": INJECTIONS + BENIGN, "label": [1] * len(INJECTIONS) + [0] * len(BENIGN)})
-    clf = fm.train_classifier(df, 0.05, 0, {"char_min_df": 1})
+    clf = train_classifier(df, 0.05, 0, {"char_min_df": 1})
     return clf.save(tmp_path_factory.mktemp("clf") / "model")
 
 

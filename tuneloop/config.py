@@ -512,7 +512,7 @@ class FilterTrainingConfig(Section):
         # It blocks what it flags (gateway.filter.classifier_action): ordinary prompts must pass.
         MetricThreshold(metric="everyday_fpr", value_threshold=ValueThreshold(upper_bound=0.1)),
     ])
-    # Method-specific settings (tuneloop/gateway/filter_model.py says which it reads).
+    # Method-specific settings (DEFAULT_PARAMS in tuneloop/gateway/filter_train.py says which it reads).
     params: dict[str, Any] = {}
 
 

@@ -86,7 +86,7 @@ class StaticEmbeddings:
     encoder's own WordPiece tokenizer, lower-cased), L2-normalised: a tokenizer call and a
     table lookup, ~0.01-0.05 ms a text on a CPU instead of ~4-20 ms for the encoder, with no
     torch on the caller's thread. What it loses is context; for the content filter's features
-    it measured as accurate as the encoder (tuneloop/gateway/filter_model.py).
+    it measured as accurate as the encoder (tuneloop/gateway/filter_train.py).
 
     Saved as a folder: ``table.npy`` (float16) and the encoder's ``tokenizer.json``.
     """

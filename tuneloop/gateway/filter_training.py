@@ -1,4 +1,5 @@
-"""Training the content filter's classifier: the executor that flows/filter.py wires.
+"""Training the content filter's classifier: the executor that flows/filter.py wires (the
+classifier's own training and evaluation: filter_train.py; what the gateway runs: filter_model.py).
 
 train_filter: labelled set -> stratified split -> the configured method and the obvious
 baseline (frozen all-MiniLM-L6-v2 + logistic regression), both trained on the same
@@ -16,6 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuneloop.config import TuneloopConfig
+from tuneloop.gateway.filter_train import (
+    confusion_matrix_figure,
+    evaluate_classifier,
+    load_labelled,
+    split_labelled,
+    train_classifier,
+)
 
 
 # Ordinary requests from outside the training set: how often the classifier would flag
@@ -81,31 +89,29 @@ def _say(progress, message: str) -> None:
 
 def train_filter(cfg: TuneloopConfig, out_dir: Path, data: Path | None = None,
                  progress: Callable[[str], None] | None = None, eval_data: Path | None = None) -> FilterTrainingResult:
-    from tuneloop.gateway import filter_model as fm
-
     t = cfg.gateway.filter_training
     started = time.perf_counter()
     path = cfg.resolve(data or t.train_path)
     if not path.exists():
         raise FileNotFoundError(f"the filter's labelled set {path} does not exist (gateway.filter_training.train_path, "
                                 "or --data): a parquet/CSV/JSONL with columns text and label (1 = injection)")
-    df = fm.load_labelled(path)
-    train_df, test_df = fm.split_labelled(df, t.test_fraction, t.seed)
+    df = load_labelled(path)
+    train_df, test_df = split_labelled(df, t.test_fraction, t.seed)
     _say(progress, f"filter data: {len(df)} rows from {path} -> {len(train_df)} train / {len(test_df)} held out "
                    f"({int(test_df.label.sum())} injections)")
     out_dir.mkdir(parents=True, exist_ok=True)
     test_path = out_dir / "heldout.parquet"
     test_df.to_parquet(test_path)
 
-    clf = fm.train_classifier(train_df, t.target_fpr, t.seed, dict(t.params), progress=progress)
-    metrics = fm.evaluate_classifier(clf, test_df)
+    clf = train_classifier(train_df, t.target_fpr, t.seed, dict(t.params), progress=progress)
+    metrics = evaluate_classifier(clf, test_df)
     _say(progress, f"{clf.method}: recall {metrics['recall']:.3f} at FPR {metrics['fpr']:.3f}, "
                    f"ROC-AUC {metrics['roc_auc']:.3f}")
     if clf.method == "baseline":
         baseline = metrics
     else:
-        base = fm.train_classifier(train_df, t.target_fpr, t.seed, {"method": "baseline"})
-        baseline = fm.evaluate_classifier(base, test_df)
+        base = train_classifier(train_df, t.target_fpr, t.seed, {"method": "baseline"})
+        baseline = evaluate_classifier(base, test_df)
         baseline["everyday_fpr"] = float((base.scores(EVERYDAY_PROMPTS) >= base.threshold).mean())
         _say(progress, f"baseline: recall {baseline['recall']:.3f} at FPR {baseline['fpr']:.3f}, "
                        f"ROC-AUC {baseline['roc_auc']:.3f}")
@@ -116,14 +122,14 @@ def train_filter(cfg: TuneloopConfig, out_dir: Path, data: Path | None = None,
     external, external_path = None, eval_data or t.eval_path
     if external_path is not None:
         external_path = cfg.resolve(external_path)
-        real = fm.load_labelled(external_path)
-        external = fm.evaluate_classifier(clf, real)
+        real = load_labelled(external_path)
+        external = evaluate_classifier(clf, real)
         _say(progress, f"{clf.method} on {external_path} ({len(real)} rows, never trained on): recall "
                        f"{external['recall']:.3f} at FPR {external['fpr']:.3f}, precision {external['precision']:.3f}, "
                        f"ROC-AUC {external['roc_auc']:.3f}")
     model_dir = out_dir / "model"
     clf.save(model_dir)
-    plot = fm.confusion_matrix_figure(metrics, out_dir / "confusion_matrix.png")
+    plot = confusion_matrix_figure(metrics, out_dir / "confusion_matrix.png")
     report = out_dir / "filter_report.md"
     report.write_text(comparison_markdown(clf.method, metrics, baseline, t.target_fpr, len(train_df), len(test_df),
                                           external, external_path))
@@ -174,14 +180,13 @@ def score_champion(cfg: TuneloopConfig, test_path: Path) -> tuple[str | None, di
     """(champion version, its metrics on this held-out split), or (None, None) without a champion."""
     import pandas as pd
 
-    from tuneloop.gateway import filter_model as fm
     from tuneloop.gateway.pipeline import load_registered_classifier
 
     name = cfg.gateway.filter_training.registered_model
     clf, model_id = load_registered_classifier(cfg, f"{name}@champion")
     if clf is None:
         return None, None
-    return model_id.split(":")[-1], fm.evaluate_classifier(clf, pd.read_parquet(test_path))
+    return model_id.split(":")[-1], evaluate_classifier(clf, pd.read_parquet(test_path))
 
 
 def register_filter(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_metrics: dict | None,
