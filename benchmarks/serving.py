@@ -855,13 +855,9 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
     attention implementation, which the continuous engine refuses), so all can stay up
     while the rounds go round.
     """
-    from tuneloop.serving.engine import (
-        BatchGenerator,
-        ContinuousEngine,
-        GenerationStream,
-        SamplingParams,
-        load_model,
-    )
+    from tuneloop.serving.adaptive_engine import BatchGenerator
+    from tuneloop.serving.continuous_engine import ContinuousEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams, load_model
     from tuneloop.serving.setup import freeze_heap
     from tuneloop.serving.slots import SlotEngine
 

@@ -100,7 +100,8 @@ async def endings(streams, how=str, timeout: float = 10) -> list:
 
 def run_adaptive(loaded, specs, sizes=None):
     """Run (prompt_ids, SamplingParams) specs as one adaptive batch; [(ids, finish_reason)]."""
-    from tuneloop.serving.engine import BatchGenerator, GenerationStream
+    from tuneloop.serving.adaptive_engine import BatchGenerator
+    from tuneloop.serving.engine import GenerationStream
 
     async def main():
         streams = [GenerationStream(f"a{i}", ids, p) for i, (ids, p) in enumerate(specs)]
@@ -114,7 +115,8 @@ def run_adaptive(loaded, specs, sizes=None):
 
 
 def run_continuous(loaded, specs, sizes=None):
-    from tuneloop.serving.engine import ContinuousEngine, GenerationStream
+    from tuneloop.serving.continuous_engine import ContinuousEngine
+    from tuneloop.serving.engine import GenerationStream
 
     async def main():
         engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256,
@@ -170,7 +172,8 @@ def test_seeded_sampling_is_reproducible_and_engine_independent(loaded):
 def test_sample_rows_respects_top_p():
     import torch
 
-    from tuneloop.serving.engine import RowSampler, SamplingParams, sample_rows
+    from tuneloop.serving.engine import SamplingParams
+    from tuneloop.serving.sampling import RowSampler, sample_rows
 
     # token 0 holds ~88% of the mass: top_p=0.5 must always pick it, greedy rows stay untouched
     logits = torch.tensor([[4.0, 2.0, 1.0, 0.0]] * 3)
@@ -191,7 +194,9 @@ def test_sample_rows_respects_top_p():
 
 @pytest.mark.parametrize("engine", ["adaptive", "continuous"])
 def test_cancelled_generation_stops(loaded, engine):
-    from tuneloop.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream, SamplingParams
+    from tuneloop.serving.adaptive_engine import BatchGenerator
+    from tuneloop.serving.continuous_engine import ContinuousEngine
+    from tuneloop.serving.engine import GenerationStream, SamplingParams
 
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
@@ -247,7 +252,7 @@ class _CharTokenizer:
 
 
 def _feed(stop, text):
-    from tuneloop.serving.openai_api import TextAssembler
+    from tuneloop.serving.text import TextAssembler
 
     asm = TextAssembler(_CharTokenizer(), stop)
     deltas = []
@@ -270,7 +275,7 @@ def test_stop_string_cuts_text_and_never_leaks_a_prefix():
 
 
 def test_byte_level_text_is_not_split_inside_a_character(loaded):
-    from tuneloop.serving.openai_api import TextAssembler
+    from tuneloop.serving.text import TextAssembler
 
     tok = loaded.tokenizer
     ids = tok("café ünïcode ✓", add_special_tokens=False)["input_ids"]
@@ -298,7 +303,8 @@ class _StuckBackend:
 
 def make_server(loaded, backend, **kw):
     from tuneloop.serving.admission import AdmissionController
-    from tuneloop.serving.openai_api import OpenAIServer, ServedModel
+    from tuneloop.api.server import OpenAIServer
+    from tuneloop.serving.setup import ServedModel
 
     admission = AdmissionController(kw.pop("max_concurrency", 64), kw.pop("timeout", 30.0), retry_after_s=2)
     server = OpenAIServer(loaded=loaded, backend=backend, admission=admission,
@@ -324,9 +330,9 @@ def raw(app):
 
 def run_with_engine(loaded, test, **kw):
     """Run `await test(app, server)` against an app over a live continuous engine."""
-    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.continuous_engine import ContinuousEngine
     from tuneloop.serving.metrics import ServingMetrics
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
     from prometheus_client import CollectorRegistry
 
     async def main():
@@ -523,7 +529,7 @@ def test_overload_is_429_with_retry_after_and_timeout_is_504(loaded):
     """Fault simulation: a stuck engine holds the only slot until the deadline."""
     import openai
 
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
 
     async def main():
         backend = _StuckBackend()
@@ -554,7 +560,7 @@ def test_overload_is_429_with_retry_after_and_timeout_is_504(loaded):
 
 
 def test_not_ready_is_503(loaded):
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
 
     async def main():
         app = create_app()

@@ -43,20 +43,21 @@ class _BrokenGenerator:
 
 @pytest.fixture
 def faulty_seed(monkeypatch):
-    from tuneloop.serving import engine
+    from tuneloop.serving import sampling
 
-    real = engine.make_generator
+    real = sampling.make_generator
 
     def make_generator(seed):
         return _BrokenGenerator() if seed == FAULTY_SEED else real(seed)
 
-    monkeypatch.setattr(engine, "make_generator", make_generator)
+    monkeypatch.setattr(sampling, "make_generator", make_generator)
 
 
 def test_extreme_sampling_values_sample_sanely():
     import torch
 
-    from tuneloop.serving.engine import RowSampler, SamplingParams, make_generator, sample_rows
+    from tuneloop.serving.engine import SamplingParams
+    from tuneloop.serving.sampling import RowSampler, make_generator, sample_rows
 
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]] * 4)
     rows = [RowSampler(SamplingParams(1, temperature=1e-40, seed=1)),  # greedy in effect
@@ -74,7 +75,8 @@ def test_extreme_sampling_values_sample_sanely():
 def test_a_row_whose_sampling_raises_fails_alone(faulty_seed):
     import torch
 
-    from tuneloop.serving.engine import RowSampler, SamplingParams, sample_rows
+    from tuneloop.serving.engine import SamplingParams
+    from tuneloop.serving.sampling import RowSampler, sample_rows
 
     logits = torch.tensor([[0.0, 5.0, 1.0]] * 3)
     rows = [RowSampler(SamplingParams(1, temperature=1.0, top_p=0.1, seed=1)),
@@ -109,7 +111,9 @@ async def _outcomes(streams):
 def _run(loaded, engine_name, specs, keep: list | None = None):
     """Run (prompt ids, SamplingParams) specs through one engine; [(ids, finish_reason) or the
     exception]. keep: a list that receives the streams."""
-    from tuneloop.serving.engine import BatchGenerator, ContinuousEngine, GenerationStream
+    from tuneloop.serving.adaptive_engine import BatchGenerator
+    from tuneloop.serving.continuous_engine import ContinuousEngine
+    from tuneloop.serving.engine import GenerationStream
     from tuneloop.serving.slots import SlotEngine
 
     async def main():
@@ -186,7 +190,7 @@ def test_a_dead_slots_engine_fails_waiting_requests_and_refuses_new_ones(loaded,
 
 
 def test_api_refuses_malformed_values_and_serves_extreme_ones(loaded):
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
     from tuneloop.serving.slots import SlotEngine
 
     async def main():

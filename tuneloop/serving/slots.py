@@ -42,16 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuneloop.cpu_turns import CPU_TURNS
-from tuneloop.serving.engine import (
-    BatchObserver,
-    GenerationStream,
-    LoadedModel,
-    SamplingParams,
-    batched_delivery,
-    RowSampler,
-    row_sampler,
-    sample_rows,
-)
+from tuneloop.serving.engine import BatchObserver, GenerationStream, LoadedModel, SamplingParams, batched_delivery
+from tuneloop.serving.sampling import RowSampler, row_sampler, sample_rows
 from tuneloop.serving.errors import ServingSetupError, Unavailable
 
 log = logging.getLogger(__name__)
