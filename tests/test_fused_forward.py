@@ -171,7 +171,7 @@ def test_transformers_forward_where_the_fused_one_does_not_serve(loaded, tmp_pat
     monkeypatch.setattr(fused_forward, "TOLERANCE", {torch.float32: -1.0, torch.bfloat16: -1.0})
     engines = []
     specs = many_specs(loaded, n=4)
-    with caplog.at_level(logging.WARNING, logger="tuneloop.serving.slots"):
+    with caplog.at_level(logging.WARNING, logger="tuneloop.serving.slot_runner"):
         assert_greedy_matches(loaded, specs, run_slots(loaded, specs, engine_out=engines, forward="fused"))
     assert engines[0].forward_name == "transformers"
     assert "fused forward disagrees with transformers'" in caplog.text

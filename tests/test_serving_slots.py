@@ -185,7 +185,7 @@ def test_regional_compile_matches_generate_and_gives_the_model_back(loaded):
     """serving.compile_mode: regional -- one decoder layer's code compiled, shared by all layers."""
     import torch
 
-    from tuneloop.serving.slots import decoder_layers
+    from tuneloop.serving.slot_runner import decoder_layers
 
     specs = many_specs(loaded, n=8, seed=4)
     engines: list = []
@@ -199,7 +199,7 @@ def test_regional_compile_matches_generate_and_gives_the_model_back(loaded):
 
 
 def test_compile_mode_auto_compiles_only_small_stacks_whole():
-    from tuneloop.serving.slots import resolve_compile_mode
+    from tuneloop.serving.slot_runner import resolve_compile_mode
 
     assert resolve_compile_mode(True, "auto", 4) == "full"  # the demo model
     assert resolve_compile_mode(True, "auto", 30) == "off"  # SmolLM2-135M: bounded start-up, eager is faster
@@ -211,7 +211,7 @@ def test_compile_mode_auto_compiles_only_small_stacks_whole():
 def test_the_kv_cache_is_sized_by_its_budget(loaded):
     """Not slots x the whole window: kv_cache_tokens and max_model_len decide, and requests
     beyond a slot wait (more requests than slots) or are refused (longer than a slot)."""
-    from tuneloop.serving.slots import SlotEngineError, kv_bytes_per_token, plan_kv_cache
+    from tuneloop.serving.slot_cache import SlotEngineError, kv_bytes_per_token, plan_kv_cache
 
     model, ctx = loaded.model, loaded.context_length  # 2 layers, 4 heads of 16, 256 positions, float32
     assert kv_bytes_per_token(model) == 2 * 2 * 4 * 16 * 4
@@ -316,7 +316,7 @@ def test_stopping_the_engine_ends_running_and_queued_streams(loaded):
 def test_slot_cache_is_zeroed_and_on_huge_pages_where_linux_grants_them():
     import torch
 
-    from tuneloop.serving.slots import HUGE_PAGE, _zeros_on_huge_pages
+    from tuneloop.serving.slot_cache import HUGE_PAGE, _zeros_on_huge_pages
 
     # Large frees raise glibc's mmap threshold, so torch's allocator may then hand out heap
     # memory touched before (on small pages for good): the cache must not depend on that.

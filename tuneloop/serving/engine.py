@@ -8,7 +8,7 @@ cancel the stream (client gone, timeout, stop string hit), which stops its gener
 
 The engines, each in its own module:
 - slots.py, SlotEngine ("slots", the default): iteration-level batching over per-request
-  KV-cache slots;
+  KV-cache slots (its model runner: slot_runner.py, its cache: slot_cache.py);
 - adaptive_engine.py, BatchGenerator ("adaptive"): one left-padded batched `generate` over
   whatever requests BentoML's adaptive batcher collected; nobody joins a running batch;
 - continuous_engine.py, ContinuousEngine ("continuous"): transformers' ContinuousBatchingManager;
