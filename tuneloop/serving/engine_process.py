@@ -49,8 +49,12 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from tuneloop.serving.engine import GenerationStream, LoadedModel, _deliver_all, post_deliveries
+from tuneloop.config import ServingConfig
+from tuneloop.cpu_turns import CPU_TURNS
+from tuneloop.serving.engine import GenerationStream, LoadedModel, _deliver_all, load_model, post_deliveries
 from tuneloop.serving.errors import ServingError, ServingSetupError, Unavailable
+from tuneloop.serving.setup import freeze_heap
+from tuneloop.serving.slots import SlotEngine
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ def _get(conn: Connection) -> tuple:
 
 
 class EngineProcess:
-    """An openai_api Backend over a SlotEngine in a child process (module docstring)."""
+    """An API Backend (tuneloop/api/server.py) over a SlotEngine in a child process (module docstring)."""
 
     engine = "slots"
 
@@ -368,10 +372,6 @@ def _child(read_fd: int, write_fd: int) -> None:
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     _, model_dir, serving_dict = _get(inbox)
     try:
-        from tuneloop.config import ServingConfig
-        from tuneloop.serving.engine import load_model
-        from tuneloop.serving.slots import SlotEngine
-
         serving = ServingConfig.model_validate(serving_dict)
         loaded = load_model(model_dir, serving.num_threads, serving.dtype)
         _put(outbox, ("loaded",))
@@ -381,8 +381,6 @@ def _child(read_fd: int, write_fd: int) -> None:
         if serving.cpu_turns and loaded.model.device.type == "cpu":
             # The engine is the only holder here (the filter's encoder is in the server's
             # process): turns cost nothing but count its steps' seconds for the server's metric.
-            from tuneloop.cpu_turns import CPU_TURNS
-
             CPU_TURNS.enable(pipe.on_turn)
         started = time.perf_counter()
         engine.launch()
@@ -394,9 +392,7 @@ def _child(read_fd: int, write_fd: int) -> None:
         # load_model's ServingSetupError is already one line that says what and where
         _put(outbox, ("failed", str(exc) if isinstance(exc, ServingSetupError) else f"{type(exc).__name__}: {exc}"))
         return
-    import torch
-
-    from tuneloop.serving.setup import freeze_heap
+    import torch  # loaded by now (load_model); this module, imported by the server's process, needs none
 
     freeze_heap()  # as the server's process does after its warm-up: no full GC pass stalls a step
     _put(outbox, ("ready", {

@@ -525,6 +525,7 @@ def install(model) -> str:
     other users of the same model object (the continuous engine, for one) accept only
     transformers' own implementations.
     """
+    # transformers' model-level registries: loaded when a model is served, not for the kernel alone
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

@@ -45,7 +45,7 @@ def vllm_dtype(serving_dtype: str) -> str:
 
 
 class VLLMEngine:
-    """An openai_api Backend over a vLLM OpenAI server child process."""
+    """An API Backend (tuneloop/api/server.py) over a vLLM OpenAI server child process."""
 
     engine = "vllm"
 
