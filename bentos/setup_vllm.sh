@@ -1,5 +1,5 @@
 #!/bin/sh
-# The gpu bento's image only (tuneloop/packaging.py: TARGETS["gpu"], docker.setup_script):
+# The gpu bento's image only (tuneloop/packaging/bento.py: TARGETS["gpu"], docker.setup_script):
 # vLLM in its own venv at /opt/vllm, because it pins its own torch and transformers. The
 # packaged config of a gpu bento serves with serving.engine: vllm and this venv's python
 # (bento.gpu_engine; tuneloop/serving/vllm_engine.py runs vLLM's OpenAI server behind

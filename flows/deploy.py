@@ -1,6 +1,6 @@
 """The deploy flow: champion -> BentoML model -> bento -> infra validation -> deployed.
 
-Each task is a one-line call into tuneloop/packaging.py; this file decides retries,
+Each task is a one-line call into tuneloop/packaging/; this file decides retries,
 logging and the Prefect artifact. Nothing is marked deployed unless the built bento
 answered a completion and a chat completion from the real `bentoml serve`.
 
@@ -18,6 +18,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tuneloop.config import TuneloopConfig, load_config
+from tuneloop.packaging.bento import bento_path, build_bento, containerize_command, import_champion
+from tuneloop.packaging.deployment import DeployResult, conclude_deployment, deployed_bento, not_champion_reason
+from tuneloop.packaging.server import infra_validate as validate_bento
 
 
 class DeploymentFailed(Exception):
@@ -27,38 +30,28 @@ class DeploymentFailed(Exception):
 # An MLflow or file-system hiccup is worth one more try; the import is idempotent.
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def import_model(cfg: TuneloopConfig, version: str | None):
-    from tuneloop.packaging import import_champion
-
     return import_champion(cfg, version, progress=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
 def build(cfg: TuneloopConfig, model_tag: str, info, target: str | None) -> str:
-    from tuneloop.packaging import build_bento
-
     return build_bento(cfg, model_tag, info, target, progress=get_run_logger().info)
 
 
 # No retries: a bento that fails validation is an answer, not a glitch.
 @task(cache_policy=NO_CACHE)
 def infra_validate(cfg: TuneloopConfig, bento_tag: str):
-    from tuneloop.packaging import infra_validate as validate
-
-    return validate(bento_tag, cfg, progress=get_run_logger().info)
+    return validate_bento(bento_tag, cfg, progress=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
 def conclude(cfg: TuneloopConfig, info, model_tag: str, bento_tag: str, validation, require_champion: bool,
              target: str | None, previous: str | None):
-    from tuneloop.packaging import conclude_deployment
-
     return conclude_deployment(cfg, info, model_tag, bento_tag, validation, require_champion, target, previous,
                                progress=get_run_logger().info)
 
 
 def deployment_markdown(cfg: TuneloopConfig, result) -> str:
-    from tuneloop.packaging import bento_path, containerize_command
-
     v = result.validation
 
     def code(x) -> str:
@@ -97,8 +90,6 @@ def deploy_champion_flow(config_path: str | None = None, version: str | None = N
     deployed while it is the champion. Raises DeploymentFailed after writing the artifact
     when nothing was deployed (unless raise_on_failure is False); returns the result.
     """
-    from tuneloop.packaging import DeployResult, deployed_bento, not_champion_reason
-
     cfg = load_config(config_path)
     previous = deployed_bento(cfg)
     reason = not_champion_reason(cfg, version) if version is not None else None

@@ -31,6 +31,7 @@ from tuneloop.infra import (
     strategic_merge,
     validate_manifest,
 )
+from tuneloop.packaging.bento import TARGETS
 
 OVERLAYS = ["cpu", "gpu"]
 NAMESPACE = "tuneloop"
@@ -259,8 +260,6 @@ def test_autoscaling_on_queue_depth_through_prometheus_adapter(overlay):
 
 
 def test_overlay_images_are_the_bento_targets():
-    from tuneloop.packaging import TARGETS
-
     for overlay, target in (("cpu", "cpu"), ("gpu", "gpu")):
         docs = render_kustomization(K8S_DIR / "overlays" / overlay)
         image = bento_container(docs)["image"]

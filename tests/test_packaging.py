@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuneloop import packaging
+from tuneloop.packaging import bento, common, deployment, server
 from tuneloop.config import load_config
+from tuneloop.ports import free_port
 from tuneloop.registry import TAG_DEPLOYED_BENTO, ModelRegistry
 from tests.serving_tiny_model import build_tiny_model
 
@@ -48,22 +49,22 @@ def setup(tmp_path_factory):
 def test_pinned_packages_follow_requirements_to_installed_versions():
     from importlib import metadata
 
-    pins = packaging.pinned_packages(["transformers", "bentoml"])
+    pins = bento.pinned_packages(["transformers", "bentoml"])
     by_name = dict(p.split("==") for p in pins)
     assert by_name["transformers"] == metadata.version("transformers")
     # Requirements of requirements, pinned too.
     assert by_name["huggingface_hub"] == metadata.version("huggingface_hub")
     assert by_name["starlette"] == metadata.version("starlette")
     assert all("==" in p for p in pins) and len(pins) == len(set(pins))
-    with pytest.raises(packaging.PackagingError, match="not installed"):
-        packaging.pinned_packages(["surely-not-a-package-tuneloop"])
+    with pytest.raises(common.PackagingError, match="not installed"):
+        bento.pinned_packages(["surely-not-a-package-tuneloop"])
 
 
 @pytest.mark.slow  # creates an MLflow database: ~10 s
 def test_no_champion_is_a_clear_error(tmp_path):
     cfg = load_config(None, environ={"TUNELOOP_HOME": str(tmp_path)})
-    with pytest.raises(packaging.PackagingError, match="no champion"):
-        packaging.import_champion(cfg)
+    with pytest.raises(common.PackagingError, match="no champion"):
+        bento.import_champion(cfg)
 
 
 @pytest.mark.slow
@@ -71,16 +72,16 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     import bentoml
 
     cfg, registry = setup["cfg"], setup["registry"]
-    assert packaging.deployed_bento(cfg) is None
+    assert deployment.deployed_bento(cfg) is None
 
     # ---- before any deployment `tuneloop serve` runs the champion from the source tree
-    port = packaging.free_port()
-    plan = packaging.serve_plan(cfg, port=port)
+    port = free_port()
+    plan = deployment.serve_plan(cfg, port=port)
     assert "champion tuneloop-chat v1" in plan.what and "bentos.service:TuneloopLLM" in plan.argv
     from tuneloop.gateway.pipeline import open_key_store
 
     _, key = open_key_store(cfg).create("packaging-test", "paid")  # `tuneloop keys create`, as a user would
-    check = packaging.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source",
+    check = server.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source",
                                    headers={"Authorization": f"Bearer {key}"})
     print(f"\nserving the champion from source: {check.reason}")
     assert check.passed, check.reason + "\n" + check.log_tail
@@ -88,7 +89,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     # ---- a good champion: imported, built, validated by the real server, deployed
     started = time.perf_counter()
     steps: list[str] = []
-    result = packaging.deploy_champion(cfg, progress=steps.append)
+    result = deployment.deploy_champion(cfg, progress=steps.append)
     print(f"deploy v1: {result.seconds} ({time.perf_counter() - started:.1f} s in all); "
           f"ready after {result.validation.seconds_to_ready} s")
     assert result.deployed, result.reason + "\n" + result.validation.log_tail
@@ -103,9 +104,9 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     bento_v1 = result.bento_tag
     assert bento_v1.startswith("tuneloop_llm:")
     assert registry.version(setup["v1"]).tags[TAG_DEPLOYED_BENTO] == bento_v1
-    assert packaging.deployed_bento(cfg) == bento_v1
-    assert packaging.deployed(cfg)["model_tag"] == result.model_tag
-    assert packaging.serve_plan(cfg, port=port).what == f"deployed bento {bento_v1}"
+    assert deployment.deployed_bento(cfg) == bento_v1
+    assert deployment.deployed(cfg)["model_tag"] == result.model_tag
+    assert deployment.serve_plan(cfg, port=port).what == f"deployed bento {bento_v1}"
 
     # ---- the environment wins over the packaged config, in the served worker too: with Redis
     # hung and TUNELOOP__GATEWAY__ON_REDIS_ERROR=closed, the deployed bento refuses (503)
@@ -118,7 +119,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
         monkeypatch.setenv("TUNELOOP__GATEWAY__ON_REDIS_ERROR", "closed")
         monkeypatch.setenv("TUNELOOP_REDIS_URL", hung)
         monkeypatch.setenv("TUNELOOP__GATEWAY__CACHE__ENABLED", "false")  # a nested key
-        plan = packaging.serve_plan(load_config(setup["config"]), port=port)
+        plan = deployment.serve_plan(load_config(setup["config"]), port=port)
         assert plan.what == f"deployed bento {bento_v1}" and plan.env["TUNELOOP__GATEWAY__ON_REDIS_ERROR"] == "closed"
         with service(plan.argv, f"http://127.0.0.1:{port}/readyz", setup["root"] / "serve-env.log", env=plan.env,
                      timeout=180, cwd=plan.cwd):
@@ -131,22 +132,22 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
         monkeypatch.delenv("TUNELOOP__GATEWAY__CACHE__ENABLED")
 
     # The model in the BentoML store points back to MLflow.
-    store = packaging._model_store(cfg)
+    store = bento._model_store(cfg)
     model = bentoml.models.get(result.model_tag, _model_store=store)
     assert model.info.labels == {
-        packaging.LABEL_MODEL: "tuneloop-chat", packaging.LABEL_VERSION: setup["v1"],
-        packaging.LABEL_RUN: setup["run1"], "project": "tuneloop",
+        bento.LABEL_MODEL: "tuneloop-chat", bento.LABEL_VERSION: setup["v1"],
+        bento.LABEL_RUN: setup["run1"], "project": "tuneloop",
     }
     assert (Path(model.path) / "config.json").exists()
     assert model.info.metadata["mlflow_aliases"] == ["champion"]
 
     # The bento: references that model, carries its serving config, pinned packages, a CPU image.
-    bento_dir = packaging.bento_path(cfg, bento_v1)
+    bento_dir = bento.bento_path(cfg, bento_v1)
     info = yaml.safe_load((bento_dir / "bento.yaml").read_text())
-    assert info["labels"][packaging.LABEL_VERSION] == setup["v1"]
-    assert info["labels"][packaging.LABEL_RUN] == setup["run1"]
+    assert info["labels"][bento.LABEL_VERSION] == setup["v1"]
+    assert info["labels"][bento.LABEL_RUN] == setup["run1"]
     assert [m["tag"] for m in info["services"][0]["models"]] == [result.model_tag]
-    served = yaml.safe_load((bento_dir / "src" / packaging.PACKAGED_CONFIG).read_text())["serving"]
+    served = yaml.safe_load((bento_dir / "src" / bento.PACKAGED_CONFIG).read_text())["serving"]
     assert served["bento_model"] == result.model_tag and served["model_version"] == setup["v1"]
     assert served["aliases"] == ["tuneloop-chat@champion"]
     requirements = (bento_dir / "env" / "python" / "requirements.txt").read_text().splitlines()
@@ -158,7 +159,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
 
     # Importing the same version again reuses the stored model.
     t = time.perf_counter()
-    assert packaging.import_champion(cfg)[0] == result.model_tag
+    assert bento.import_champion(cfg)[0] == result.model_tag
     assert time.perf_counter() - t < 5
 
     # ---- a broken champion: its weights file is garbage
@@ -171,7 +172,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     registry.promote(v2, setup["v1"], "broken on purpose", require_blessed=False)
 
     started = time.perf_counter()
-    failed = packaging.deploy_champion(cfg, timeout=240)
+    failed = deployment.deploy_champion(cfg, timeout=240)
     print(f"deploy broken v2: {failed.seconds} ({time.perf_counter() - started:.1f} s in all): {failed.reason}")
     assert not failed.deployed and failed.version == v2
     assert "infra validation failed" in failed.reason and "SafetensorError" in failed.reason
@@ -181,18 +182,18 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     # Not marked deployed; the previous bento stays the deployed one.
     assert TAG_DEPLOYED_BENTO not in registry.version(v2).tags
     assert registry.version(setup["v1"]).tags[TAG_DEPLOYED_BENTO] == bento_v1
-    assert packaging.deployed_bento(cfg) == bento_v1
+    assert deployment.deployed_bento(cfg) == bento_v1
 
 
 @pytest.mark.slow
 def test_gpu_bento_describes_a_cuda_image(setup):
     cfg = setup["cfg"]
-    model_tag, info = packaging.import_champion(cfg, setup["v1"])
+    model_tag, info = bento.import_champion(cfg, setup["v1"])
     t = time.perf_counter()
-    tag = packaging.build_bento(cfg, model_tag, info, target="gpu")
+    tag = bento.build_bento(cfg, model_tag, info, target="gpu")
     print(f"\ngpu bento built in {time.perf_counter() - t:.1f} s")
     assert tag.startswith("tuneloop_llm_cuda:")
-    bento_dir = packaging.bento_path(cfg, tag)
+    bento_dir = bento.bento_path(cfg, tag)
     dockerfile = (bento_dir / "env" / "docker" / "Dockerfile").read_text()
     assert "FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04" in dockerfile
     requirements = (bento_dir / "env" / "python" / "requirements.txt").read_text()
@@ -205,7 +206,7 @@ def test_gpu_bento_describes_a_cuda_image(setup):
     assert "/opt/vllm/bin/pip install" in (bento_dir / "env" / "docker" / "setup_script").read_text()
     packaged = yaml.safe_load((bento_dir / "src" / "bentos" / "packaged_config.yaml").read_text())
     assert packaged["serving"]["engine"] == "vllm" and packaged["serving"]["vllm_python"] == "/opt/vllm/bin/python"
-    assert "bentoml containerize " + tag in packaging.containerize_command(cfg, tag)
+    assert "bentoml containerize " + tag in bento.containerize_command(cfg, tag)
 
 
 @pytest.mark.slow
@@ -219,7 +220,7 @@ def test_deploy_flow_deploys_and_writes_an_artifact(tmp_path, monkeypatch):
     s = registry_with_champion(tmp_path)
     with prefect_test_harness(server_startup_timeout=180):
         result = deploy_champion_flow(str(s["config"]), version=s["v1"])
-        assert result["deployed"] and result["bento_tag"] == packaging.deployed_bento(s["cfg"])
+        assert result["deployed"] and result["bento_tag"] == deployment.deployed_bento(s["cfg"])
         assert s["registry"].version(s["v1"]).tags[TAG_DEPLOYED_BENTO] == result["bento_tag"]
         with get_client(sync_client=True) as client:
             artifact = next(a for a in client.read_artifacts() if a.key == "deployment")
@@ -231,23 +232,21 @@ def test_deploy_flow_deploys_and_writes_an_artifact(tmp_path, monkeypatch):
         with pytest.raises(DeploymentFailed, match="not the champion"):
             deploy_champion_flow(str(s["config"]), version=v2)
         assert TAG_DEPLOYED_BENTO not in s["registry"].version(v2).tags
-        assert packaging.deployed_bento(s["cfg"]) == result["bento_tag"]
+        assert deployment.deployed_bento(s["cfg"]) == result["bento_tag"]
 
 
 def test_a_model_that_stops_at_once_passes_the_answer_check():
     """A champion whose greedy first token is end-of-text (seen from `make demo`: the
     fine-tuned chat model answers a bare "Hello" completion with <|im_end|>) is working:
     OpenAI shapes, prompt read, finish_reason "stop", no text, 0 completion tokens."""
-    from tuneloop.packaging import _answered
-
     usage = {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}
-    assert _answered("", {"finish_reason": "stop"}, {"usage": usage})
-    assert _answered("hi", {"finish_reason": "length"}, {"usage": {**usage, "completion_tokens": 1}})
+    assert server._answered("", {"finish_reason": "stop"}, {"usage": usage})
+    assert server._answered("hi", {"finish_reason": "length"}, {"usage": {**usage, "completion_tokens": 1}})
     # but not an empty answer cut by length, a missing usage, or an unread prompt
-    assert not _answered("", {"finish_reason": "length"}, {"usage": usage})
-    assert not _answered("", {"finish_reason": "stop"}, {})
-    assert not _answered("", {"finish_reason": "stop"}, {"usage": {**usage, "prompt_tokens": 0}})
-    assert not _answered(None, {"finish_reason": "stop"}, {"usage": usage})
+    assert not server._answered("", {"finish_reason": "length"}, {"usage": usage})
+    assert not server._answered("", {"finish_reason": "stop"}, {})
+    assert not server._answered("", {"finish_reason": "stop"}, {"usage": {**usage, "prompt_tokens": 0}})
+    assert not server._answered(None, {"finish_reason": "stop"}, {"usage": usage})
 
 
 def test_a_validation_server_dies_with_the_process_that_started_it(tmp_path):
@@ -262,13 +261,13 @@ def test_a_validation_server_dies_with_the_process_that_started_it(tmp_path):
 
     import psutil
 
-    port = packaging.free_port()
+    port = free_port()
     parent = subprocess.Popen([sys.executable, "-c", f"""
 from pathlib import Path
-from tuneloop import packaging
-command = packaging.ServeCommand(argv=[{sys.executable!r}, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
+from tuneloop.packaging.server import ServeCommand, check_server
+command = ServeCommand(argv=[{sys.executable!r}, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
                                  env=dict(__import__("os").environ), cwd=Path({str(tmp_path)!r}))
-packaging.check_server(command, {port}, Path({str(tmp_path / "serve.log")!r}), 120, "orphan-test")
+check_server(command, {port}, Path({str(tmp_path / "serve.log")!r}), 120, "orphan-test")
 """], cwd=Path(__file__).resolve().parents[1])
     try:
         deadline = time.monotonic() + 60

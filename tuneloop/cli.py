@@ -667,7 +667,9 @@ def package(
 ):
     """Package the champion as a bento, infra-validate it with `bentoml serve`, mark it deployed."""
     cfg = _load(config)
-    from tuneloop.packaging import PackagingError, containerize_command, deploy_champion
+    from tuneloop.packaging.bento import containerize_command
+    from tuneloop.packaging.common import PackagingError
+    from tuneloop.packaging.deployment import deploy_champion
 
     try:
         result = deploy_champion(cfg, version=version, target=target, progress=console.print)
@@ -687,7 +689,9 @@ def serve(
 ):
     """Serve the deployed bento (else the champion, else bentos/ as configured) with `bentoml serve`."""
     cfg = _load(config)
-    from tuneloop.packaging import PackagingError, run_server, serve_plan
+    from tuneloop.packaging.common import PackagingError
+    from tuneloop.packaging.deployment import serve_plan
+    from tuneloop.packaging.server import run_server
 
     if cfg.model.base_model in PRESETS and cfg.serving.model_dir is None:
         ensure_base_model(cfg)  # converted once; served when there is no champion yet

@@ -13,7 +13,7 @@ Environment variables override the file, after it is read:
   (for example TUNELOOP__DATA__SEED=7, TUNELOOP__GATEWAY__CACHE__ENABLED=false; values are
   parsed as YAML). An override that names no key, or a value the key does not take, is an
   error naming the variable, at start-up. The served bento applies them too (environment
-  over its packaged config: tuneloop/packaging.py).
+  over its packaged config: tuneloop/packaging/common.py).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PrefectConfig(Section):
 class BentoConfig(Section):
     home: Path | None = None  # None: <home>/bentoml
     # The Docker image a deployed bento describes: cpu (python slim + torch CPU wheel) or
-    # gpu (nvidia/cuda base + torch CUDA wheel). See tuneloop/packaging.py.
+    # gpu (nvidia/cuda base + torch CUDA wheel). See tuneloop/packaging/__init__.py.
     target: Literal["cpu", "gpu"] = "cpu"
     # The engine a gpu bento serves with: vllm (installed in the image's own venv by
     # bentos/setup_vllm.sh) or the serving section's engine as configured.
