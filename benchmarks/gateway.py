@@ -419,7 +419,7 @@ def cost_of(rounds: list[dict], off_rounds: list[dict]) -> dict:
 def memory_check(results: dict) -> None:
     """Say how much memory every server left: a host short of it pages the servers' code in
     and out, and the last servers started run at a fraction of their speed."""
-    from tuneloop.serving.slots import available_memory_bytes
+    from tuneloop.serving.slot_cache import available_memory_bytes
 
     available = available_memory_bytes()
     if available is None:

@@ -53,13 +53,9 @@ from pathlib import Path
 
 import bentoml
 
+from tuneloop.api.app import create_app
+from tuneloop.api.middleware import InternalRoutesGuard, OpenAIErrorMiddleware, PublicOpenAPISpec
 from tuneloop.config import load_config
-from tuneloop.serving.openai_api import (
-    InternalRoutesGuard,
-    OpenAIErrorMiddleware,
-    PublicOpenAPISpec,
-    create_app,
-)
 from tuneloop.serving.untrusted import BENTOML_PATHS, RouteNames, install_log_escaping, protect_bentoml_middlewares
 
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
@@ -103,9 +99,11 @@ class TuneloopLLM:
 
     def __init__(self) -> None:
         from tuneloop.serving.admission import AdmissionController
-        from tuneloop.serving.engine import BatchGenerator, ContinuousEngine, load_model
+        from tuneloop.serving.adaptive_engine import BatchGenerator
+        from tuneloop.serving.continuous_engine import ContinuousEngine
+        from tuneloop.serving.engine import load_model
         from tuneloop.serving.metrics import ServingMetrics
-        from tuneloop.serving.openai_api import OpenAIServer
+        from tuneloop.api.server import OpenAIServer
         from tuneloop.serving.setup import resolve_model_dir, served_model
         from tuneloop.serving.slots import SlotEngine
 
@@ -348,7 +346,7 @@ def _pass_internal_routes(client) -> None:
 
 
 class _BentoBatchingBackend:
-    """The adaptive engine as an openai_api Backend: each generation is a call through
+    """The adaptive engine as an API Backend (tuneloop/api/server.py): each generation is a call through
     BentoML's HTTP path to generate_batch, so BentoML's adaptive batcher groups them."""
 
     engine = "adaptive"

@@ -59,7 +59,7 @@ def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
     """Run `await test(apps, gateways)`: `replicas` apps, each with its own Gateway built from
     cfg (sharing cfg's key store and Redis, as replicas do), over one live engine."""
     from tuneloop.gateway.pipeline import Gateway
-    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.continuous_engine import ContinuousEngine
     from tuneloop.api.app import create_app
 
     async def main():
@@ -776,7 +776,7 @@ def _assert_clean(text: str, where: str) -> None:
 def test_pii_never_reaches_the_model_and_block_mode_refuses(loaded, tmp_path, caplog):
     import logging
 
-    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.continuous_engine import ContinuousEngine
 
     cfg = gateway_config(tmp_path, auth="off", pii={"mode": "redact", "outputs": "redact"})
     engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)

@@ -106,7 +106,7 @@ def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tm
                                                                      monkeypatch):
     import tuneloop.gateway.pipeline as pipeline
     from tuneloop.gateway.pipeline import Gateway
-    from tuneloop.serving.openai_api import create_app
+    from tuneloop.api.app import create_app
     from tests.test_gateway import RecordingBackend
     from tests.test_serving_engine import make_server
 

@@ -31,7 +31,7 @@ def run_logged(loaded, cfg, test, backend=None):
     """`await test(app, gateway, request_log)` with the gateway and the request log of cfg."""
     from tuneloop.gateway.pipeline import Gateway
     from tuneloop.requestlog.writer import open_request_log
-    from tuneloop.serving.engine import ContinuousEngine
+    from tuneloop.serving.continuous_engine import ContinuousEngine
     from tuneloop.api.app import create_app
 
     async def main():

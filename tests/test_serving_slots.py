@@ -256,7 +256,8 @@ def test_a_model_torch_compile_cannot_handle_is_served_uncompiled(loaded, monkey
 
 
 def test_a_model_with_a_sliding_window_is_refused_with_a_clear_error(loaded):
-    from tuneloop.serving.slots import SlotEngine, SlotEngineError
+    from tuneloop.serving.slot_cache import SlotEngineError
+    from tuneloop.serving.slots import SlotEngine
 
     loaded.model.config.sliding_window = 64
     try:

@@ -673,7 +673,7 @@ class ServingConfig(Section):
     # memory available at start-up. Each slot holds max_model_len tokens (a request's prompt
     # + max_tokens; default: the context window, shrunk to fit max_batch_size slots in the
     # budget but not below 2048); the budget decides how many slots (up to max_batch_size).
-    # The server logs the plan at start-up (tuneloop/serving/slots.py: plan_kv_cache).
+    # The server logs the plan at start-up (tuneloop/serving/slot_cache.py: plan_kv_cache).
     # What `compile` compiles: full (the whole forward), regional (one decoder layer's code,
     # shared by all layers: compile time of one layer), auto (full up to 8 layers, else
     # nothing: deep models compile for too long whole, and regionally ran slower here).
@@ -706,7 +706,7 @@ class ServingConfig(Section):
     trace_requests: bool = False
     # A request body over this many bytes is refused (413) before it is parsed; a prompt longer
     # than the context window can hold is refused (400) before PII analysis, the content filter
-    # or the tokenizer read it (tuneloop/serving/untrusted.py, openai_api._bound_prompt).
+    # or the tokenizer read it (tuneloop/serving/untrusted.py, tuneloop/api/prepare.py: bound_prompt).
     max_request_bytes: int = Field(4 * 2**20, ge=1024)
     # Admission: requests queued + running per worker; beyond it 429 with Retry-After.
     max_concurrency: int = Field(512, ge=1)

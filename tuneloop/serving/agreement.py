@@ -232,14 +232,14 @@ def candidate_forward(loaded, serving):
     import torch
 
     from tuneloop.serving import fused_forward
-    from tuneloop.serving.slots import _slot_cache
+    from tuneloop.serving.slot_cache import allocate_slot_cache
 
     if serving.forward == "fused" and fused_forward.unsupported_reason(loaded.model) is None:
         max_len = min(loaded.context_length, WINDOW)
         fused = fused_forward.fused_forward_for(loaded.model, max_len)
         config = loaded.model.config.get_text_config() if hasattr(loaded.model.config, "get_text_config") \
             else loaded.model.config
-        cache = _slot_cache(config.num_hidden_layers, 2, max_len)
+        cache = allocate_slot_cache(config.num_hidden_layers, 2, max_len)
         cache.allocate_shape(fused.kv_heads, fused.head_dim, loaded.model.dtype, loaded.model.device)
         with torch.inference_mode():
             mismatch = fused_forward.check_against_transformers(fused, loaded.model, cache.kv)

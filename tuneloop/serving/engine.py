@@ -25,7 +25,6 @@ never runs a model.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import threading
 import time
@@ -385,22 +384,3 @@ def load_model(model_dir: Path | str, num_threads: int | None = None, dtype: str
     if chosen != model.dtype:
         model = model.to(chosen)
     return _loaded(model, tokenizer, model.generation_config, model.config, path)
-
-
-# ---------------------------------------------------------------------------------------
-# the engines that lived here until they got modules of their own
-
-
-_MOVED = {
-    "BatchGenerator": "tuneloop.serving.adaptive_engine",
-    "ContinuousEngine": "tuneloop.serving.continuous_engine",
-}
-
-
-def __getattr__(name: str):
-    """`from tuneloop.serving.engine import BatchGenerator, ContinuousEngine` still works (bentos/
-    service.py and some tests import them from here) until those import them from their
-    modules; looked up on first use, since their modules import this one."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -57,7 +57,7 @@ def _zeros_on_huge_pages(shape: tuple[int, ...], dtype, device):
     return buffer[offset:offset + nbytes].view(dtype).view(shape).zero_()
 
 
-def _slot_cache(num_layers: int, num_slots: int, max_len: int):
+def allocate_slot_cache(num_layers: int, num_slots: int, max_len: int):
     """A transformers Cache whose layers keep one row per slot (see slots.py's module docstring).
 
     All layers share one tensor (layers x 2 x slots x kv heads x max_len x head dim), so

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from tuneloop.serving.engine import GenerationStream, LoadedModel, SamplingParams
 from tuneloop.serving.sampling import RowFailures, RowSampler, sample_rows
-from tuneloop.serving.slot_cache import SlotEngineError, _slot_cache, plan_kv_cache
+from tuneloop.serving.slot_cache import SlotEngineError, allocate_slot_cache, plan_kv_cache
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class SlotRunner:
         self.num_slots = self.plan.num_slots
         self.max_len = self.plan.slot_len
         self.pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
-        self.cache = _slot_cache(text_config.num_hidden_layers, self.num_slots, self.max_len)
+        self.cache = allocate_slot_cache(text_config.num_hidden_layers, self.num_slots, self.max_len)
         self.cache.rows = self.cache.rows.to(self.device)
         self._arange = torch.arange(self.max_len, device=self.device)
         # Decoding attention: our kernel over each row's own tokens where it builds and

@@ -47,9 +47,6 @@ from tuneloop.cpu_turns import CPU_TURNS
 from tuneloop.serving.engine import BatchObserver, GenerationStream, LoadedModel, batched_delivery
 from tuneloop.serving.errors import Unavailable
 from tuneloop.serving.sampling import row_sampler
-# Importable from here too: SlotEngineError (what SlotEngine(...) raises); _slot_cache (agreement.py)
-# and available_memory_bytes (benchmarks/gateway.py) import them from here.
-from tuneloop.serving.slot_cache import SlotEngineError, _slot_cache, available_memory_bytes  # noqa: F401
 from tuneloop.serving.slot_runner import SlotRow, SlotRunner, WarmUpSink
 
 log = logging.getLogger(__name__)
