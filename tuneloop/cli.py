@@ -1,5 +1,8 @@
 """`tuneloop`: every stage of the loop as a command (each also a library function).
 
+One file on purpose: every command, sub-command and option of `tuneloop` in one place, each
+a thin wrapper that loads the config, calls a library function and prints its result.
+
 Heavy libraries (torch, transformers, Great Expectations, MLflow, Prefect) are imported
 inside the commands that need them, so `tuneloop --help` answers at once.
 """

@@ -1,5 +1,9 @@
 """The one configuration schema of tuneloop.
 
+One file on purpose: it is the reference of every setting, read top to bottom: each section
+of the YAML file a pydantic model with its defaults and the reasons for them, then the
+environment overrides that apply to all of them.
+
 A run is described by one YAML file (see configs/). Every section below is a pydantic
 model that forbids unknown keys, so a typo is an error that names the key and the file
 instead of a silently ignored setting. Every field has an embedded default: an empty

@@ -1,5 +1,9 @@
 """The model registry: MLflow registered-model versions, aliases, and an audit trail.
 
+One file on purpose: the promotion protocol (append to the log, replay it, copy the decision
+to the aliases) and the registry operations it guards are one argument, read together; a
+tenth of the file is this docstring's account of why it holds.
+
 This module is the ONE place that knows the alias names and the tag keys tuneloop uses:
 
   champion   -- the version serving traffic (what `models:/<name>@champion` loads)

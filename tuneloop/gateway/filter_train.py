@@ -1,12 +1,14 @@
 """Stage 2 of the content filter: training and evaluating the prompt-injection classifier.
 
+One file on purpose: fitting a classifier, choosing its threshold and measuring it share the
+labelled-data handling and the parameters; a sixth of the file is this docstring's record of
+the methods and what they measured.
+
 The classifier the gateway loads and runs (scoring, its features at inference, the saved
 folder) is tuneloop/gateway/filter_model.py; this module fits one (train_classifier), reads
 and splits labelled sets, scores a held-out part (evaluate_classifier), draws the confusion
 matrix and compares methods over seeds. The flow's executor around it (split, baseline,
-report, registry) is tuneloop/gateway/filter_training.py. One file on purpose, at about
-600 lines: fitting, choosing the threshold and measuring a classifier share its labelled-data
-handling and parameters, and a sixth of it is this docstring's record of the methods.
+report, registry) is tuneloop/gateway/filter_training.py.
 
 Methods (``params["method"]``):
 

@@ -1,5 +1,8 @@
 """Generate the bundled prompt-injection set (data/injections/), written for this project.
 
+One file on purpose: a generator whose bulk is its data (templates, word lists and phrases
+per family and language); the set is rebuilt from this file alone, byte for byte.
+
     python -m tuneloop.gateway.injection_data --out data/injections
 
 rebuilds data/injections/train.jsonl and data/injections/README.md byte for byte: every
