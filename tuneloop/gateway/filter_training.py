@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tuneloop.blessing import bless
 from tuneloop.config import TuneloopConfig
 from tuneloop.gateway.filter_train import (
     confusion_matrix_figure,
@@ -24,6 +25,7 @@ from tuneloop.gateway.filter_train import (
     split_labelled,
     train_classifier,
 )
+from tuneloop.registry import ModelRegistry
 
 
 # Ordinary requests from outside the training set: how often the classifier would flag
@@ -193,9 +195,6 @@ def register_filter(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_me
                     champion_version: str | None):
     """Register the run's logged model folder (artifact `model`) as a new version, bless it by
     gateway.filter_training.thresholds against the champion: (version, blessing)."""
-    from tuneloop.blessing import bless
-    from tuneloop.registry import ModelRegistry
-
     registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
     version = registry.register(run_id, None, artifact_path="model", tags={"tuneloop.kind": "content-filter"})
     registry.set_challenger(version)
@@ -206,8 +205,6 @@ def register_filter(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_me
 
 
 def promote_filter(cfg: TuneloopConfig, version: str, blessing, champion_version: str | None):
-    from tuneloop.registry import ModelRegistry
-
     registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
     return registry.promote(version, expected_champion=champion_version,
                             reason="blessed: " + "; ".join(blessing.reasons), actor="filter-flow")
