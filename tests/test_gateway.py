@@ -713,7 +713,7 @@ def test_auth_off_says_so_loudly(loaded, tmp_path, caplog):
 
 
 # ---------------------------------------------------------------------------------------
-# PII through the routes (tuneloop/gateway/pii.py has its own tests on the corpus)
+# PII through the routes (tuneloop/privacy/redactor.py has its own tests on the corpus)
 
 PLANTED = {
     "email": "jane.doe@example.org",

@@ -51,7 +51,7 @@ def _spec(tmp_path, classifier_dir, pii: bool = True) -> dict:
 
 def test_the_child_answers_as_the_in_process_checks_do(tmp_path, classifier_dir):
     from tuneloop.gateway.filter_model import InjectionClassifier
-    from tuneloop.gateway.pii import PiiRedactor
+    from tuneloop.privacy.redactor import PiiRedactor
 
     guard = GuardProcess(_spec(tmp_path, classifier_dir)).start(wait=True)
     try:

@@ -1,4 +1,4 @@
-"""tuneloop.gateway.pii: real Presidio on a blank spaCy pipeline, offline."""
+"""tuneloop.privacy.redactor: real Presidio on a blank spaCy pipeline, offline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tuneloop.config import PiiConfig
-from tuneloop.gateway.pii import PiiError, PiiRedactor, StreamRedactor, blank_pipeline, may_contain_entity
+from tuneloop.privacy.redactor import PiiError, PiiRedactor, StreamRedactor, blank_pipeline, may_contain_entity
 
 # (sentence, planted values): every planted value must be gone after redaction.
 PII = [

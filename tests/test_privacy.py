@@ -56,7 +56,7 @@ def test_a_value_next_to_a_label_is_a_secret_and_a_placeholder_is_not(label):
 
 @pytest.fixture(scope="module")
 def redactor(tmp_path_factory):
-    from tuneloop.gateway.pii import PiiRedactor
+    from tuneloop.privacy.redactor import PiiRedactor
 
     return PiiRedactor(PiiConfig(), tmp_path_factory.mktemp("pii"))
 

@@ -392,7 +392,7 @@ class PiiConfig(Section):
         "CRYPTO", "US_ITIN", "US_PASSPORT", "US_BANK_NUMBER", "UK_NHS", "MEDICAL_LICENSE"])
     # Analysis that errors or takes longer than this (a window of CHUNK_CHARS) refuses the
     # request (fails closed); all of a request's analyses together get request_budget_s, then
-    # that request alone is refused (tuneloop/gateway/pii.py, guard_process.py).
+    # that request alone is refused (tuneloop/privacy/redactor.py, tuneloop/gateway/guard_process.py).
     timeout_s: float = Field(2.0, gt=0)
     request_budget_s: float = Field(10.0, gt=0)
     # Streams: characters held back so an entity split across chunks is redacted whole;

@@ -13,7 +13,7 @@ configured fraction of the rows was touched (tuneloop/validation.py).
 
 `fail` does nothing here: the rows stay, and the gate fails on any of them. Personal data is
 what the gate's find_pii / find_secrets find in the completion, the text the model learns to
-write; redaction goes through the gateway's Presidio redactor (tuneloop/gateway/pii.py).
+write; redaction goes through the project's Presidio redactor (tuneloop/privacy/redactor.py).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def apply_pii_policy(examples: list[Example], cfg: ValidationConfig,
 def presidio_redactor(cfg: TuneloopConfig) -> Callable[[str], str]:
     """text -> text with REDACTED_ENTITIES replaced by <ENTITY_TYPE>: the gateway's redactor, its
     settings (threshold, blank spaCy pipeline) and cache folder, the gate's reserved values kept."""
-    from tuneloop.gateway.pii import PiiRedactor
+    from tuneloop.privacy.redactor import PiiRedactor
 
     settings = cfg.gateway.pii.model_copy(update={"entities": REDACTED_ENTITIES})
     if settings.spacy_model_dir is not None:

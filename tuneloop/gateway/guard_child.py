@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from tuneloop.config import PiiConfig
 from tuneloop.gateway.filter_model import InjectionClassifier
-from tuneloop.gateway.pii import PiiRedactor
+from tuneloop.privacy.redactor import PiiRedactor
 
 
 def serve(spec: dict, stdin, stdout) -> None:

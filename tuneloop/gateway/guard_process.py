@@ -20,7 +20,7 @@ closed) and the next call gets a new child.
 
 Fair between tenants: calls wait in a queue per tenant (submit's `tenant`: the API key),
 and the writer hands the child MAX_IN_FLIGHT calls at a time, taking the tenants' queues in
-turn. A tenant with a long prompt (PII analysis in chunks: tuneloop/gateway/pii.py) waits
+turn. A tenant with a long prompt (PII analysis in chunks: tuneloop/gateway/remote_pii.py) waits
 behind its own chunks, not the others behind them: before, one 200 KB prompt analysed whole
 made the child time out, be restarted, and 11 of 16 other tenants' streams fail.
 

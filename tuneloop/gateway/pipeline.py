@@ -1,6 +1,6 @@
 """The gateway: one request pipeline composed of the small parts of this package.
 
-    auth (keys.py) -> request limit (limiter.py) -> PII on the prompt (pii.py) ->
+    auth (keys.py) -> request limit (limiter.py) -> PII on the prompt (remote_pii.py, privacy/redactor.py) ->
     content filter on the prompt (content_filter.py) -> result cache (cache.py) ->
     token reservation (limiter.py) -> generation -> PII on the output (streams too) ->
     content filter on the output -> cache store -> token refund
@@ -159,7 +159,8 @@ class Gateway:
             guard.on_cpu.update(find=metrics.cpu.labels(part="pii").inc, scores=metrics.cpu.labels(part="filter").inc)
             guard.start()
         if settings is not None:
-            from tuneloop.gateway.pii import PiiRedactor, RemotePiiRedactor
+            from tuneloop.gateway.remote_pii import RemotePiiRedactor
+            from tuneloop.privacy.redactor import PiiRedactor
 
             if guard is not None:
                 pii = RemotePiiRedactor(settings, guard, key_prefix=g.key_prefix)

@@ -3,7 +3,7 @@
 - secrets.py: credentials (API keys and tokens by their formats, AWS secret access keys,
   private keys, bearer tokens, values labelled password / secret / api_key / ...), as
   patterns. The data gate (tuneloop/validation.py, tuneloop/data/policies.py) finds them
-  with find_secrets(); the gateway's Presidio analyzer (tuneloop/gateway/pii.py) recognises
+  with find_secrets(); the Presidio redactor (redactor.py: the gateway, the request log and the data gate run it) recognises
   them from the same list, so prompts, answers and the request log (which the gateway's
   analyzer redacts) agree with the gate.
 - personal.py: personal data the gate looks for in training answers (email, card number,

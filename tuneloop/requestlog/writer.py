@@ -375,7 +375,7 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
         shared = pii() if callable(pii) else pii
         if shared is not None:
             return InProcessRedactor(shared)
-        from tuneloop.gateway.pii import PiiRedactor
+        from tuneloop.privacy.redactor import PiiRedactor
 
         return InProcessRedactor(PiiRedactor(settings, cfg.home / "gateway", key_prefix=cfg.gateway.key_prefix))
 

@@ -5,6 +5,10 @@ finds what pattern, checksum and library recognizers find -- email, phone (libph
 credit card (Luhn), IBAN (checksum), IP, US SSN, URL, dates, ... -- plus the secret patterns
 below (API keys, tokens, private keys), all as SECRET_KEY. No NER: names and places are not
 found. Every failure is a PiiError so that the caller can fail closed.
+
+The one redactor of the project: the gateway runs it on prompts and answers (in its checks'
+process: tuneloop/gateway/remote_pii.py), the request log on what the gateway did not
+redact, the data gate on training rows it redacts.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from tuneloop.gateway.guard_process import GuardFailed
 from tuneloop.privacy.secrets import SECRETS, Secret, prescreen_pattern, secrets_for
 
 if TYPE_CHECKING:
@@ -48,11 +51,11 @@ SECRET = "SECRET_KEY"
 #   a secret's prefix.
 # It searches the lower-cased text (3x faster than re.IGNORECASE; ~25 us for 300 characters):
 # no character but A-F lower-cases to a-f, and the prefixes keep their meaning lower-cased.
-def _prescreen(secrets: list[Secret]) -> re.Pattern:
+def prescreen_for(secrets: list[Secret]) -> re.Pattern:
     return re.compile(r"[\d@]|\.\w|::|[0-9a-f]:[0-9a-f]|[0-9a-f]{2}-[0-9a-f]{2}|" + prescreen_pattern(secrets))
 
 
-_PRESCREEN = _prescreen(SECRETS)
+_PRESCREEN = prescreen_for(SECRETS)
 
 _SCREENED = {
     "CreditCardRecognizer", "UsBankRecognizer", "UsLicenseRecognizer", "UsItinRecognizer",
@@ -128,7 +131,7 @@ class PiiRedactor:
         # Presidio's email recognizer imports tldextract, which would fetch the suffix list.
         os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
         secrets = secrets_for(key_prefix)
-        self._screen = _prescreen(secrets)
+        self._screen = prescreen_for(secrets)
         try:
             self.analyzer, components = self._build(config, Path(cache_dir), secrets)
         except Exception as exc:
@@ -217,7 +220,7 @@ class PiiRedactor:
                         self.on_cpu(time.thread_time() - cpu)
         except Exception as exc:
             raise PiiError(f"PII analysis failed: {type(exc).__name__}: {exc}") from exc
-        return _merge(results)
+        return merge_entities(results)
 
     def needs_analysis(self, text: str) -> bool:
         """False for a text the pre-screen clears (or an empty one): no entity can be in it."""
@@ -243,7 +246,7 @@ class PiiRedactor:
             except TimeoutError:
                 raise PiiError(f"PII analysis took longer than {self.config.timeout_s:g} s") from None
             found += [Entity(e.entity_type, e.start + start, e.end + start, e.score) for e in part]
-        return _merge(found)
+        return merge_entities(found)
 
     def redact(self, text: str) -> tuple[str, list[str]]:
         """(text with every entity replaced by <ENTITY_TYPE>, the type of each entity found)."""
@@ -259,48 +262,7 @@ class PiiRedactor:
         """Nothing to release (no threads or files of its own); here for symmetry."""
 
 
-class RemotePiiRedactor(PiiRedactor):
-    """A PiiRedactor whose analyses run in a GuardProcess (tuneloop/gateway/guard_process.py),
-    off this process's GIL; the pre-screen, the replacement and streams' bookkeeping stay
-    here (microseconds). Until the child is ready, every text counts as possibly holding an
-    entity and streams emit nothing early (the safe side); the child then says what the
-    analyzer it built allows. Failures are PiiError, as in-process."""
-
-    def __init__(self, config: PiiConfig, guard, key_prefix: str = "tl-"):
-        self.config = config
-        self.guard = guard
-        self.on_cpu = None  # the child's CPU is reported through guard.on_cpu["find"]
-        self._screen = _prescreen(secrets_for(key_prefix))
-        self.entities = config.entities
-        self.prescreen = self.early_emit = False
-
-    def adopt(self, info: dict) -> None:
-        """What the child's analyzer allows (GuardProcess.info["pii"])."""
-        self.prescreen = bool(info.get("prescreen"))
-        self.early_emit = bool(info.get("early_emit"))
-
-    def _analyze(self, text: str) -> list[Entity]:
-        try:
-            return [Entity(*e) for e in self.guard.call("find", text, self.config.timeout_s)]
-        except GuardFailed as exc:
-            raise PiiError(f"PII analysis failed: {exc}") from None
-
-    async def afind(self, text: str, tenant=None) -> list[Entity]:
-        """The child's analysis, a window at a time in `tenant`'s turn (GuardProcess: tenants'
-        calls interleave, so a long prompt delays its own request, not the others')."""
-        if not self.needs_analysis(text):
-            return []
-        found = []
-        try:
-            for start, end in windows(text, overlap=self.config.holdback_chars):
-                part = await self.guard.acall("find", text[start:end], self.config.timeout_s, tenant)
-                found += [Entity(kind, a + start, b + start, score) for kind, a, b, score in part]
-        except GuardFailed as exc:
-            raise PiiError(f"PII analysis failed: {exc}") from None
-        return _merge(found)
-
-
-def _merge(results) -> list[Entity]:
+def merge_entities(results) -> list[Entity]:
     merged: list[Entity] = []
     cluster: list = []
     for r in sorted(results, key=lambda r: (r.start, -r.end, r.entity_type)):
@@ -345,7 +307,7 @@ def _in_windows(text: str, find, overlap: int) -> list[Entity]:
     found = []
     for start, end in windows(text, overlap=overlap):
         found += [Entity(e.entity_type, e.start + start, e.end + start, e.score) for e in find(text[start:end])]
-    return _merge(found)
+    return merge_entities(found)
 
 
 def _replace(text: str, entities: list[Entity]) -> tuple[str, list[str]]:
