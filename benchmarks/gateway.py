@@ -90,8 +90,8 @@ from benchmarks.serving import (  # noqa: E402
     summarize,
     wait_until_quiet,
 )
-from tuneloop.formatting import context_window  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
+from tuneloop.formatting import context_window  # noqa: E402
 
 HIT_RATE = 0.4
 # The moderation benchmark's texts: the team's real labelled set when it is there (test data).

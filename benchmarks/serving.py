@@ -83,8 +83,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tuneloop.config import ServingConfig, load_config  # noqa: E402
 from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
+from tuneloop.config import ServingConfig, load_config  # noqa: E402
 
 SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "slots-thread",
            "slots-process", "slots-lossy", "slots-transformers-lossy", "inprocess", "vllm"]
@@ -138,7 +138,7 @@ def build_workload(path: Path, tokenizer, num_requests: int, min_tokens: int, ma
         try:
             messages = json.loads(line)["messages"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise SystemExit(f"{path}:{line_no}: not a chat row ({exc})")
+            raise SystemExit(f"{path}:{line_no}: not a chat row ({exc})") from None
         # The conversation up to (not including) the last assistant answer: what a client sends.
         last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
         if last > 0:
@@ -863,7 +863,7 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
 
     async def consume(stream: GenerationStream, sent: float) -> RequestResult:
         result = RequestResult(prompt_tokens=len(stream.prompt_ids))
-        async for tokens in stream.events():
+        async for _tokens in stream.events():
             result.token_arrived(sent)
         result.e2e = time.perf_counter() - sent
         result.output_tokens = stream.num_generated

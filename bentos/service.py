@@ -98,12 +98,12 @@ class TuneloopLLM:
         bento_model = bentoml.models.BentoModel(SERVING.bento_model)
 
     def __init__(self) -> None:
-        from tuneloop.serving.admission import AdmissionController
+        from tuneloop.api.server import OpenAIServer
         from tuneloop.serving.adaptive_engine import BatchGenerator
+        from tuneloop.serving.admission import AdmissionController
         from tuneloop.serving.continuous_engine import ContinuousEngine
         from tuneloop.serving.engine import load_model
         from tuneloop.serving.metrics import ServingMetrics
-        from tuneloop.api.server import OpenAIServer
         from tuneloop.serving.setup import resolve_model_dir, served_model
         from tuneloop.serving.slots import SlotEngine
 

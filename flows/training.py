@@ -20,7 +20,6 @@ from prefect.cache_policies import NO_CACHE
 
 from tuneloop.config import TuneloopConfig, load_config
 
-
 # training keys logged as trained.* params of each candidate (its schedule, however chosen)
 RECIPE_KEYS = ("max_steps", "learning_rate", "save_steps", "warmup_ratio", "per_device_batch_size", "lora",
                "early_stopping", "method")

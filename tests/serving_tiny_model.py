@@ -35,8 +35,14 @@ def build_tiny_model(folder: Path, context_length: int = 256, seed: int = 0, hea
     kv heads), RoPE, SwiGLU, tied embeddings, as the bootstrap's llama and SmolLM2."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                              PreTrainedTokenizerFast)
+    from transformers import (
+        GenerationConfig,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     specials = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())

@@ -18,7 +18,6 @@ from tests.serving_tiny_model import build_tiny_model
 from tests.test_serving_engine import PROMPTS, collect, reference, run_adaptive
 from tests.test_serving_slots import assert_greedy_matches, many_specs, run_slots
 
-
 ARCHITECTURES = ["llama", "gpt2"]
 
 

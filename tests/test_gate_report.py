@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_validation import chat
 from tuneloop.config import ValidationConfig
 from tuneloop.data.schema import Example
 from tuneloop.gate_report import REPORT_NAME, render_gate_report
 from tuneloop.validation import validate_dataset
 from tuneloop.validation_report import MAX_LISTED_IDS, ExpectationOutcome, ValidationReport
-from tests.test_validation import chat
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving_tiny_model import build_tiny_model
 from tests.servers import hung_listener, redis_server
+from tests.serving_tiny_model import build_tiny_model
 from tests.test_serving_engine import make_server, raw, sdk
 
 
@@ -58,9 +58,9 @@ def gateway_config(home: Path, **gateway):
 def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
     """Run `await test(apps, gateways)`: `replicas` apps, each with its own Gateway built from
     cfg (sharing cfg's key store and Redis, as replicas do), over one live engine."""
+    from tuneloop.api.app import create_app
     from tuneloop.gateway.pipeline import Gateway
     from tuneloop.serving.continuous_engine import ContinuousEngine
-    from tuneloop.api.app import create_app
 
     async def main():
         engine = backend
@@ -151,7 +151,9 @@ def test_every_bad_key_is_401_and_keys_are_hashed_at_rest(loaded, tmp_path):
     store = KeyStore(f"sqlite:///{db}", pepper)
     assert store.verify(secrets_[0]).name == "alice"
     wrong_pepper = KeyStore(f"sqlite:///{db}", b"another pepper")
-    with pytest.raises(Exception):
+    from tuneloop.gateway.keys import InvalidKey
+
+    with pytest.raises(InvalidKey, match="unknown"):  # the same key, hashed with another pepper, is nobody's
         wrong_pepper.verify(secrets_[0])
 
 
@@ -175,6 +177,7 @@ def test_revocation_and_expiry_apply_on_the_next_request(loaded, tmp_path):
             assert r.status_code == 401 and "revoked" in err(r)["message"]
         # expiry: move the clock of the row, not of the test
         import sqlalchemy as sa
+
         from tuneloop.gateway.keys import api_keys
 
         with cli.engine.begin() as conn:
@@ -486,8 +489,9 @@ def test_duration_format():
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_redis_stopped_mid_traffic_then_back(loaded, tmp_path, mode):
-    from tuneloop.gateway.pipeline import GatewayMetrics
     from prometheus_client import CollectorRegistry
+
+    from tuneloop.gateway.pipeline import GatewayMetrics
 
     port = __import__("tests.servers", fromlist=["free_port"]).free_port()
     redis_dir = tmp_path / "redis"

@@ -27,9 +27,9 @@ import pytest
 
 from tests.servers import free_port, prefect_home, redis_server, service, services
 from tests.servers import last_json as _last_json
+from tests.serving_tiny_model import build_tiny_model
 from tests.test_gateway import PLANTED
 from tests.test_gateway_filter_rules import BENIGN, BYPASSES
-from tests.serving_tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")

@@ -77,13 +77,13 @@ def test_slots_engine_swaps_weights_without_dropping_or_mixing_a_request(models)
 def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path):
     from mlflow.tracking import MlflowClient
 
+    from tuneloop.api.app import create_app
     from tuneloop.config import TuneloopConfig
     from tuneloop.gateway.pipeline import Gateway
     from tuneloop.registry import ModelRegistry
     from tuneloop.requestlog.store import read_records
     from tuneloop.requestlog.writer import open_request_log
     from tuneloop.serving.hotswap import ChampionWatcher
-    from tuneloop.api.app import create_app
     from tuneloop.serving.setup import ServedModel
     from tuneloop.serving.slots import SlotEngine
 
@@ -177,9 +177,9 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     import httpx
     from mlflow.tracking import MlflowClient
 
+    from tests.servers import GATEWAY_OFF, free_port, service
     from tuneloop.config import TuneloopConfig
     from tuneloop.registry import ModelRegistry
-    from tests.servers import GATEWAY_OFF, free_port, service
 
     root = Path(__file__).resolve().parents[1]
     home = tmp_path / "home"

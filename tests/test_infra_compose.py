@@ -153,7 +153,7 @@ def service_env(svc) -> dict[str, str]:
 
 def test_tuneloop_environment_is_accepted_by_the_config_schema(compose):
     checked = 0
-    for name, svc in compose["services"].items():
+    for _name, svc in compose["services"].items():
         env = {k: v for k, v in service_env(svc).items() if k.startswith("TUNELOOP_") and k != "TUNELOOP_KEY_PEPPER"}
         if env:
             cfg = load_config(environ=env)

@@ -331,7 +331,7 @@ def test_every_var_reference_is_defined_before_use(overlay):
 def test_tuneloop_environment_is_accepted_by_the_config_schema(overlay):
     _, docs = overlay
     checked = 0
-    for where, c in _pod_envs(docs):
+    for _where, c in _pod_envs(docs):
         env = {}
         for e in c.get("env", []):
             value = e.get("value", "secret-value")

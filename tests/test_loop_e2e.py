@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tuneloop.ports import stop_process_group
 from tests.servers import BIN, GATEWAY_OFF, last_json, prefect_server
 from tests.servers import run_ok as run
+from tuneloop.ports import stop_process_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuneloop.packaging import bento, common, deployment, server
+from tests.serving_tiny_model import build_tiny_model
 from tuneloop.config import load_config
+from tuneloop.packaging import bento, common, deployment, server
 from tuneloop.ports import free_port
 from tuneloop.registry import TAG_DEPLOYED_BENTO, ModelRegistry
-from tests.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
 

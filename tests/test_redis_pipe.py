@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tuneloop.gateway.redis_pipe import RedisPipe, ReplyError
 from tests.servers import free_port, hung_listener, redis_server
+from tuneloop.gateway.redis_pipe import RedisPipe, ReplyError
 
 
 def test_concurrent_callers_each_get_their_own_reply(tmp_path):

@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_logged(loaded, cfg, test, backend=None):
     """`await test(app, gateway, request_log)` with the gateway and the request log of cfg."""
+    from tuneloop.api.app import create_app
     from tuneloop.gateway.pipeline import Gateway
     from tuneloop.requestlog.writer import open_request_log
     from tuneloop.serving.continuous_engine import ContinuousEngine
-    from tuneloop.api.app import create_app
 
     async def main():
         engine = backend

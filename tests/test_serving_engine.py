@@ -302,8 +302,8 @@ class _StuckBackend:
 
 
 def make_server(loaded, backend, **kw):
-    from tuneloop.serving.admission import AdmissionController
     from tuneloop.api.server import OpenAIServer
+    from tuneloop.serving.admission import AdmissionController
     from tuneloop.serving.setup import ServedModel
 
     admission = AdmissionController(kw.pop("max_concurrency", 64), kw.pop("timeout", 30.0), retry_after_s=2)
@@ -330,10 +330,11 @@ def raw(app):
 
 def run_with_engine(loaded, test, **kw):
     """Run `await test(app, server)` against an app over a live continuous engine."""
+    from prometheus_client import CollectorRegistry
+
+    from tuneloop.api.app import create_app
     from tuneloop.serving.continuous_engine import ContinuousEngine
     from tuneloop.serving.metrics import ServingMetrics
-    from tuneloop.api.app import create_app
-    from prometheus_client import CollectorRegistry
 
     async def main():
         engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)

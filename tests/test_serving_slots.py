@@ -21,7 +21,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from tests.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import MAX_LATE_TOKENS, PROMPTS, collect, endings, read_then_cancel, reference, run_adaptive  # noqa: E402
+from tests.test_serving_engine import (  # noqa: E402
+    MAX_LATE_TOKENS,
+    PROMPTS,
+    collect,
+    endings,
+    read_then_cancel,
+    reference,
+    run_adaptive,
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +86,7 @@ def many_specs(loaded, n=24, seed=1):
     rng = random.Random(seed)
     tok = loaded.tokenizer
     specs = []
-    for i in range(n):
+    for _ in range(n):
         text = " ".join(rng.choice(PROMPTS) for _ in range(rng.randint(1, 3)))
         ids = tok(text)["input_ids"][: rng.randint(1, 40)]
         specs.append((ids, SamplingParams(max_new_tokens=rng.randint(1, 60), temperature=0.0)))

@@ -121,7 +121,6 @@ def test_vllm_engine_answers_like_generate_behind_tuneloops_api(vllm_server):
 
 def test_a_dead_vllm_process_fails_requests_and_turns_readyz_red(vllm_server):
     import openai
-
     import psutil
 
     url, model_dir, _ = vllm_server

@@ -331,8 +331,8 @@ def test_early_stopping_keeps_the_checkpoint_with_the_lowest_eval_loss(tmp_path,
     assert result["best_eval_loss"] < result["last_eval_loss"] == pytest.approx(history[result["global_step"]])
     assert any(f"kept checkpoint: step {best}" in note for note in result["notes"]), result["notes"]
     # the saved model is the kept checkpoint: its eval loss is the best one, not the last
-    from tuneloop.evaluation import evaluate_model
     from tuneloop.config import EvaluationConfig
+    from tuneloop.evaluation import evaluate_model
 
     ev = [Example.from_dict(json.loads(line)) for line in (d / "eval.jsonl").read_text().splitlines()]
     saved = evaluate_model(result["model_dir"], ev, EvaluationConfig(max_new_tokens=2), progress=False)
@@ -371,8 +371,8 @@ def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_pat
 def test_a_retrain_from_the_champion_keeps_the_recipe_choosing():
     """The loop's retrain sets init_from on the preset's config; the recipe must still see only
     the keys the file set as explicit."""
-    from tuneloop.training.recipe import auto_recipe
     from flows.training import with_init_from
+    from tuneloop.training.recipe import auto_recipe
 
     cfg = with_init_from(load_config(Path(__file__).parents[1] / "configs" / "smollm2.yaml", environ={}), "champion")
     assert cfg.training.init_from == "champion" and cfg.training.recipe == "auto"

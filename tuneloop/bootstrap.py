@@ -110,7 +110,6 @@ def is_bootstrapped(model_dir: Path, cfg: BootstrapConfig) -> bool:
 def training_documents() -> list[str]:
     """Real English text available offline: pydoc help topics and stdlib docstrings."""
     import importlib
-
     from pydoc_data.topics import topics
 
     docs = [topics[name] for name in sorted(topics)]

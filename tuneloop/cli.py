@@ -284,11 +284,11 @@ def train(
     """Run the training flow: validate, fine-tune candidates, evaluate, bless, promote."""
     cfg = _load(config)
     _use_prefect(cfg)
+    from flows.training import ValidationFailed, training_flow
     from tuneloop.bootstrap import BootstrapError
     from tuneloop.config import ConfigError
     from tuneloop.data.formats import DataError
     from tuneloop.training.launch import TrainingError
-    from flows.training import ValidationFailed, training_flow
 
     try:
         summary = training_flow(

@@ -165,11 +165,11 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
         raise ValueError(f"retrain must be auto, flow or trigger, got {retrain!r}")
     import openai
 
+    from flows.monitoring import monitoring_flow
+    from flows.training import training_flow
     from tuneloop.data.dataset import prepare_dataset
     from tuneloop.data.sample import shifted_prompts
     from tuneloop.gateway.pipeline import open_key_store
-    from flows.monitoring import monitoring_flow
-    from flows.training import training_flow
 
     out: dict = {"stream_failures": [], "retrain": None, "filter_refusals": []}
     logs = cfg.home / "demo"

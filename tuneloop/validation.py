@@ -40,6 +40,7 @@ from tuneloop.config import ValidationConfig
 from tuneloop.data.policies import TokenBudget
 from tuneloop.data.schema import Example, Reject
 from tuneloop.gate_report import write_gate_report
+
 # What counts as a secret or personal data is tuneloop/privacy's (one owner for the gate,
 # the gateway and the request log).
 from tuneloop.privacy.personal import find_pii

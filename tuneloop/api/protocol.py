@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
-
 class _Strict(BaseModel):
     # OpenAI answers an unknown argument with 400 "Unrecognized request argument": so do we.
     # Strict types: `"stream": "yes"` or `"max_tokens": "5"` is a 400 naming the parameter,

@@ -80,6 +80,7 @@ from tuneloop.embeddings import (
     encoder_path,
     load_encoder,
 )
+
 # _Head keeps its underscore: head.joblib files name the class tuneloop.gateway.filter_model._Head.
 from tuneloop.gateway.filter_model import InjectionClassifier, _Head, dense_features
 from tuneloop.gateway.normalize import screening_views

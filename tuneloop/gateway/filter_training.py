@@ -27,7 +27,6 @@ from tuneloop.gateway.filter_train import (
 )
 from tuneloop.registry import ModelRegistry
 
-
 # Ordinary requests from outside the training set: how often the classifier would flag
 # everyday use (everyday_fpr). The held-out split only measures the set's own distribution.
 EVERYDAY_PROMPTS = [

@@ -16,7 +16,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-
 # A training set is either legacy prompt/completion rows (raw text) or conversations: rows of
 # the other kind cannot join it (tuneloop/data/dataset.py refuses the mix).
 _OTHER_KIND = {"legacy": "a chat request, and the training set is legacy prompt/completion rows",

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from time import perf_counter
-from time import time as wall_clock
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from time import perf_counter
+from time import time as wall_clock
 from typing import Any
 
 HOST = socket.gethostname()

@@ -254,7 +254,7 @@ class RequestLog:
             texts: list[str] = []
             for i, fields in call:
                 for f in fields:
-                    _map_texts(records[i][f], lambda t: texts.append(_cut(t, self.max_text_chars)) or t)
+                    _map_texts(records[i][f], lambda t, texts=texts: texts.append(_cut(t, self.max_text_chars)) or t)
             try:
                 redacted = iter(redactor.redact_many(texts))
             except Exception as exc:  # never write what could not be redacted: withheld, on time
@@ -268,7 +268,7 @@ class RequestLog:
             for i, fields in call:
                 record = dict(records[i])
                 for f in fields:
-                    record[f] = _map_texts(records[i][f], lambda _t: next(redacted))
+                    record[f] = _map_texts(records[i][f], lambda _t, redacted=redacted: next(redacted))
                     if f in _REDACTED:
                         record[_REDACTED[f]] = True
                 out[i] = record

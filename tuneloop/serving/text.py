@@ -4,7 +4,6 @@ before a client sees them."""
 from __future__ import annotations
 
 
-
 class TextAssembler:
     """Turns one generation's token ids into text deltas; detects stop strings.
 

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Callable
 
-
 from tuneloop.config import REPO_ROOT, TrainingK8sConfig
 from tuneloop.training.launch import LOG_TAIL_LINES, TrainingError, TrainResult, TrainSpec
 
