@@ -27,7 +27,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from tuneloop.presets import PRESETS
 
@@ -341,9 +350,15 @@ def _yaml_switch(value: Any) -> Any:
     return value
 
 
-def Switch(*words: str):  # noqa: N802 - a type factory
-    """A Literal of words where YAML's on/off booleans mean "on"/"off"."""
-    return Annotated[Literal[words], BeforeValidator(_yaml_switch)]
+# Literals of words where YAML's on/off booleans mean "on"/"off" (YAML reads a bare `off` as false).
+_Switch = BeforeValidator(_yaml_switch)
+RedactBlockOff = Annotated[Literal["redact", "block", "off"], _Switch]
+RedactOff = Annotated[Literal["redact", "off"], _Switch]
+BlockAnnotateOff = Annotated[Literal["block", "annotate", "off"], _Switch]
+BlockAnnotate = Annotated[Literal["block", "annotate"], _Switch]
+OnOff = Annotated[Literal["on", "off"], _Switch]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: tuple[Role, ...] = ("system", "developer", "user", "assistant", "tool")
 
 
 class TierLimits(Section):
@@ -382,8 +397,8 @@ class PiiConfig(Section):
     """Presidio over prompts (before the model), outputs (streams included) and logs."""
 
     # prompts: redact (replace each entity with <TYPE>), block (400 pii_detected), off
-    mode: Switch("redact", "block", "off") = "redact"
-    outputs: Switch("redact", "off") = "redact"
+    mode: RedactBlockOff = "redact"
+    outputs: RedactOff = "redact"
     score_threshold: float = Field(0.5, ge=0.0, le=1.0)
     # What is redacted. None: every recognizer the offline analyzer has, DATE_TIME, UUID and
     # MAC_ADDRESS included (dates in answers would become <DATE_TIME>).
@@ -465,24 +480,23 @@ class FilterConfig(Section):
     # The classifier is not registered (yet): rules_only (and a warning at start-up) or fail.
     on_missing_classifier: Literal["rules_only", "fail"] = "rules_only"
     threshold: float | None = Field(None, ge=0.0, le=1.0)  # None: the one chosen at training
-    prompts: Switch("block", "annotate", "off") = "block"  # block: 400 content_filter
+    prompts: BlockAnnotateOff = "block"  # block: 400 content_filter
     # The chat roles whose messages are screened: every role by default (an injection in a
     # system, developer, assistant or tool message reaches the model as well as a user's). The
     # server adds no system prompt of its own; an application that trusts its own system
     # prompt may leave "system" out. Completions' prompts are always screened.
-    roles: list[Literal["system", "developer", "user", "assistant", "tool"]] = Field(
-        default_factory=lambda: ["system", "developer", "user", "assistant", "tool"])
+    roles: list[Role] = Field(default_factory=lambda: list(ROLES))
     # What a flag of the classifier alone (no rule matched) does to a prompt or an answer:
     # block (400 content_filter) or annotate (counted, logged, reported by /v1/moderations;
     # the request goes on). block by default: trained on the generated set (data/injections),
     # it flagged none of the filter flow's everyday prompts and 5 of the 343 benign prompts of
     # a real labelled set it never saw (docs/gateway.md: the content filter); its blessing requires
     # everyday_fpr <= 0.1, so a classifier that flags ordinary traffic is never promoted.
-    classifier_action: Switch("block", "annotate") = "block"
+    classifier_action: BlockAnnotate = "block"
     # Answers are checked by the rules; by the classifier too only when this is on (it is a
     # prompt-injection detector, not an answer checker).
     classify_outputs: bool = False
-    outputs: Switch("off", "annotate", "block") = "annotate"
+    outputs: BlockAnnotateOff = "annotate"
     # /v1/moderations and prompt checks batch their classifier work: the checks that arrive
     # while a batch runs form the next one (up to max_batch_size). A batch that is not full
     # waits max_latency_ms for more before it starts; 0: it starts at once (the default: a
@@ -524,7 +538,7 @@ class GatewayConfig(Section):
     """The interface layer in front of every /v1 route (tuneloop/gateway)."""
 
     # on: every /v1 route needs `Authorization: Bearer <key>`; off: local development only.
-    auth: Switch("on", "off") = "on"
+    auth: OnOff = "on"
     # API keys (peppered hashes): any SQLAlchemy URL; None: sqlite:///<home>/gateway/keys.db
     key_store_url: str | None = None
     # The pepper: the TUNELOOP_KEY_PEPPER variable, else this file (None: <home>/gateway/pepper,
@@ -876,9 +890,8 @@ def _apply_override(raw: dict, path: list[str], value: Any, name: str, where: st
     """Set raw[path] = value. A mapping setting with defaults of its own (gateway.tiers) that the
     file does not set starts from those defaults, so TUNELOOP__GATEWAY__TIERS__FREE__... changes
     one number of one tier, not the whole mapping."""
-    from pydantic import TypeAdapter
-
-    node, default = raw, TuneloopConfig()
+    node: dict = raw
+    default: Any = TuneloopConfig()
     for depth, key in enumerate(path[:-1]):
         default = getattr(default, key, None) if isinstance(default, BaseModel) else \
             default.get(key) if isinstance(default, dict) else None

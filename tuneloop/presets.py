@@ -61,8 +61,9 @@ def convert_preset(name: str, out: Path, force: bool = False) -> Path:
         log.info("converting %s (%s) into %s", name, gguf.name, out)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model.hf_quantizer = None
-        model.is_quantized = False
+        # A GGUF load marks the model quantized; dequantized to float32 it is not any more.
+        model.hf_quantizer = None  # type: ignore[assignment]
+        model.is_quantized = False  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -7,7 +7,7 @@ from fastapi import Request
 
 from tuneloop.api.handlers import Shape, serve
 from tuneloop.api.logprobs import CompletionLogprobs
-from tuneloop.api.prepare import echo_texts, prepare, tokenize_completion, tokenized
+from tuneloop.api.prepare import echo_texts, prepare, prompt_items, tokenize_completion, tokenized
 from tuneloop.api.protocol import CompletionRequest
 from tuneloop.api.server import OpenAIServer
 
@@ -16,9 +16,7 @@ class CompletionShape(Shape):
     route, id_prefix, chunk_object, json_object = "completions", "cmpl", "text_completion", "text_completion"
 
     def prompt_texts(self, server: OpenAIServer, body: CompletionRequest):
-        prompt = body.prompt
-        single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
-        items = [prompt] if single else list(prompt)
+        items, single = prompt_items(body.prompt)
         texts = [p if isinstance(p, str) else server.loaded.tokenizer.decode(p, skip_special_tokens=False)
                  for p in items if isinstance(p, str) or all(0 <= t < server.loaded.vocab_size for t in p)]
         if len(texts) != len(items):
@@ -30,9 +28,7 @@ class CompletionShape(Shape):
         return body.model_copy(update={"prompt": texts[0] if single else texts})
 
     def logged_prompt(self, server: OpenAIServer, body: CompletionRequest):
-        prompt = body.prompt
-        single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
-        items = [prompt] if single else list(prompt)
+        items, single = prompt_items(body.prompt)
         tok = server.loaded.tokenizer
         texts = [p if isinstance(p, str) else tok.decode([t for t in p if 0 <= t < server.loaded.vocab_size])
                  for p in items]

@@ -112,15 +112,16 @@ class Generations:
         if stream.finish_reason == "cancelled":
             raise Aborted(self.abort_reason or "cancelled")
         last = await self._out(i, text.flush(), final=True)
+        held = self.held[i]
         yield (last, await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"),
-               [] if self.held[i] is None else self.held[i].release(final=True))
+               [] if held is None else held.release(final=True))
 
     async def _out(self, i: int, delta: str, final: bool = False) -> str:
         """What the client may see of a text delta: PII redacted (a tail held back until it is
         known not to start an entity; all of it at the end)."""
-        redactor = self.redactors[i]
-        if self.held[i] is not None:
-            self.held[i].raw += len(delta)
+        redactor, held = self.redactors[i], self.held[i]
+        if held is not None:
+            held.raw += len(delta)
         if redactor is not None:
             delta = await redactor.add(delta) if delta else ""
             if final:

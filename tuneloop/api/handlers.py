@@ -109,7 +109,7 @@ async def serve(shape: Shape, server: OpenAIServer, body, request: Request):
     logprobs = shape.logprobs(server, body, gens, prepared)
     echo = prepared.echo
 
-    def stored(i: int, text: str, finish: str) -> dict:
+    def stored(i: int, text: str, finish: str | None) -> dict:
         return {"text": text, "finish_reason": finish, "content_filter_results": gens.filter_results(i)}
 
     if body.stream:

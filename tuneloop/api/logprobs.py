@@ -51,7 +51,7 @@ class HeldLogprobs:
         (token, (logprob, top), shown text or None for the token's own)."""
         margin = abs(self.end - self.raw)
         resolved = self.redactor.resolved
-        out = []
+        out: list[tuple[int, tuple[float, list], str | None]] = []
         while self.held and (final or self.held[0][4] + margin <= resolved):
             token, own, top, start, end = self.held.pop(0)
             hits = [k for k, (s, e, _) in enumerate(self.redactor.spans) if start < e + margin and s - margin < end]
@@ -107,7 +107,7 @@ class CompletionLogprobs:
     def render(self, i: int, delta: str, entries) -> dict | None:
         if self.top is None:
             return None
-        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token, (own, top), shown in _entries(entries):
             text = self.text(token) if shown is None else shown
             out["tokens"].append(text)

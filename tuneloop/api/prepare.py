@@ -37,8 +37,7 @@ def prompt_texts(body) -> tuple[list[str], list[list[int]]]:
     if isinstance(body, ChatCompletionRequest):
         return [m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
                 for m in body.messages], []
-    prompt = body.prompt
-    items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt)
+    items, _ = prompt_items(body.prompt)
     return [p for p in items if isinstance(p, str)], [p for p in items if not isinstance(p, str)]
 
 
@@ -143,9 +142,10 @@ def prepare(server: OpenAIServer, body: SamplingFields, prompts: list[list[int]]
             param=prompt_param,
         )
     bias = _logit_bias(server, body.logit_bias)
+    top: int | None = None
     if isinstance(body, ChatCompletionRequest):
         top = (body.top_logprobs or 0) if body.logprobs else None
-    else:
+    elif isinstance(body, CompletionRequest):
         top = body.logprobs
     choices, params = [], []
     for ids in prompts:
@@ -161,10 +161,18 @@ def prepare(server: OpenAIServer, body: SamplingFields, prompts: list[list[int]]
     return Prepared(choices, params, stop, include_usage, sum(len(p) for p in prompts), echoed)
 
 
+def prompt_items(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[list[str | list[int]], bool]:
+    """A completions prompt as a list of prompts (each a text or token ids), and whether it was
+    one prompt: a string or one list of token ids."""
+    if isinstance(prompt, str):
+        return [prompt], True
+    if prompt and isinstance(prompt[0], int):
+        return [[t for t in prompt if isinstance(t, int)]], True
+    return [p for p in prompt if not isinstance(p, int)], False
+
+
 def tokenize_completion(server: OpenAIServer, body: CompletionRequest) -> list[list[int]]:
-    prompt = body.prompt
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        prompt = [prompt]  # one prompt: a string or one list of token ids
+    prompt, _ = prompt_items(body.prompt)
     if not prompt:
         raise InvalidRequest("prompt: an empty list has nothing to complete", param="prompt")
     tok = server.loaded.tokenizer
