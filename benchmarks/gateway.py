@@ -90,7 +90,7 @@ from benchmarks.serving import (  # noqa: E402
     summarize,
     wait_until_quiet,
 )
-from tests.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
+from tests.support.servers import GATEWAY_OFF, free_port, redis_server, service  # noqa: E402
 from tuneloop.formatting import context_window  # noqa: E402
 
 HIT_RATE = 0.4

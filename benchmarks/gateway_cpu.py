@@ -41,7 +41,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from benchmarks.gateway import train_filter  # noqa: E402
 from benchmarks.serving import DATA, build_workload, resolve_model  # noqa: E402
-from tests.servers import redis_server  # noqa: E402
+from tests.support.servers import redis_server  # noqa: E402
 
 OFF = {"auth": "off", "pii": {"mode": "off", "outputs": "off"}, "filter": {"prompts": "off", "outputs": "off"}}
 CHUNK = 12  # tokens a chunk

@@ -83,7 +83,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.servers import GATEWAY_OFF, free_port, service  # noqa: E402
+from tests.support.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 from tuneloop.config import ServingConfig, load_config  # noqa: E402
 
 SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "slots-thread",

@@ -138,13 +138,13 @@ def test_serve_with_a_model_it_cannot_load_exits_with_the_reason(tmp_path, broke
     if broken == "garbage-config":
         (model / "config.json").write_text('{"model_type": "llama", "garbage": true}')
     else:  # a real tokenizer and config, but the weights are missing
-        from tests.serving_tiny_model import build_tiny_model
+        from tests.support.serving_tiny_model import build_tiny_model
 
         build_tiny_model(model)
         (model / "model.safetensors").unlink()
     env = {**os.environ, "TUNELOOP_HOME": str(tmp_path / "home"), "TUNELOOP_SERVE_MODEL_DIR": str(model),
            "BENTOML_HOME": str(tmp_path / "bentoml")}
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     port = free_port()
     started = time.perf_counter()

@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.serving_tiny_model import build_tiny_model
 from tests.test_serving_engine import PROMPTS, collect, reference, run_adaptive
 from tests.test_serving_slots import assert_greedy_matches, many_specs, run_slots
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import hung_listener, redis_server
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.servers import free_port, hung_listener, redis_server
+from tests.support.serving_tiny_model import build_tiny_model
 from tests.test_serving_engine import make_server, raw, sdk
 
 
@@ -493,7 +493,7 @@ def test_redis_stopped_mid_traffic_then_back(loaded, tmp_path, mode):
 
     from tuneloop.gateway.pipeline import GatewayMetrics
 
-    port = __import__("tests.servers", fromlist=["free_port"]).free_port()
+    port = free_port()
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
     cfg = gateway_config(tmp_path, redis_url=f"redis://127.0.0.1:{port}/0", on_redis_error=mode,

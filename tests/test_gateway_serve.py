@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, prefect_home, redis_server, service, services
-from tests.servers import last_json as _last_json
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.servers import free_port, prefect_home, redis_server, service, services
+from tests.support.servers import last_json as _last_json
+from tests.support.serving_tiny_model import build_tiny_model
 from tests.test_gateway import PLANTED
 from tests.test_gateway_filter_rules import BENIGN, BYPASSES
 

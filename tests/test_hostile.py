@@ -29,8 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import free_port, service
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.servers import free_port, service
+from tests.support.serving_tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.serving_tiny_model import build_tiny_model
 from tests.test_serving_engine import make_server, raw, reference
 
 
@@ -177,7 +177,7 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     import httpx
     from mlflow.tracking import MlflowClient
 
-    from tests.servers import GATEWAY_OFF, free_port, service
+    from tests.support.servers import GATEWAY_OFF, free_port, service
     from tuneloop.config import TuneloopConfig
     from tuneloop.registry import ModelRegistry
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import BIN, GATEWAY_OFF, last_json, prefect_server
-from tests.servers import run_ok as run
+from tests.support.servers import BIN, GATEWAY_OFF, last_json, prefect_server
+from tests.support.servers import run_ok as run
 from tuneloop.ports import stop_process_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import prefect_home
+from tests.support.servers import prefect_home
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "train.jsonl"

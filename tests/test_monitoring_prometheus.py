@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import GATEWAY_OFF, free_port, prometheus_server, service
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.servers import GATEWAY_OFF, free_port, prometheus_server, service
+from tests.support.serving_tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "monitoring" / "prometheus" / "rules.yml"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.serving_tiny_model import build_tiny_model
 from tuneloop.config import load_config
 from tuneloop.packaging import bento, common, deployment, server
 from tuneloop.ports import free_port
@@ -113,7 +113,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     # instead of serving without limits (the override was dropped before: 711 of 711 passed)
     import httpx
 
-    from tests.servers import hung_listener, service
+    from tests.support.servers import hung_listener, service
 
     with hung_listener() as hung:
         monkeypatch.setenv("TUNELOOP__GATEWAY__ON_REDIS_ERROR", "closed")

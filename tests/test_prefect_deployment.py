@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import BIN, prefect_server
+from tests.support.servers import BIN, prefect_server
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

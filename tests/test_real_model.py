@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import GATEWAY_OFF, free_port, service
+from tests.support.servers import GATEWAY_OFF, free_port, service
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "smollm2.yaml"

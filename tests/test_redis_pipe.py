@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.servers import free_port, hung_listener, redis_server
+from tests.support.servers import free_port, hung_listener, redis_server
 from tuneloop.gateway.redis_pipe import RedisPipe, ReplyError
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import BIN, free_port, mlflow_server, postgres_server, prefect_home, service
-from tests.servers import last_json as _last_json
-from tests.servers import run_ok as _run
+from tests.support.servers import BIN, free_port, mlflow_server, postgres_server, prefect_home, service
+from tests.support.servers import last_json as _last_json
+from tests.support.servers import run_ok as _run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[1]

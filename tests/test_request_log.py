@@ -446,7 +446,7 @@ def s3_server(tmp_path, monkeypatch):
     package here), a bucket, and boto3 pointed at it through the standard environment."""
     import boto3
 
-    from tests.servers import free_port, service
+    from tests.support.servers import free_port, service
 
     port = free_port()
     cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]

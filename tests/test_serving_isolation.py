@@ -24,7 +24,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.serving_tiny_model import build_tiny_model  # noqa: E402
+from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
 from tests.test_serving_engine import PROMPTS, collect, make_server, raw, reference  # noqa: E402
 
 FAULTY_SEED = 666  # the fault injection below gives this seed a generator that raises

@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.serving_tiny_model import build_tiny_model  # noqa: E402
+from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
 from tests.test_serving_engine import (  # noqa: E402
     MAX_LATE_TOKENS,
     PROMPTS,

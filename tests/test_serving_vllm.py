@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import GATEWAY_OFF, free_port, service
-from tests.serving_tiny_model import build_tiny_model
+from tests.support.servers import GATEWAY_OFF, free_port, service
+from tests.support.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support import ROOT
 from tuneloop.ports import free_port  # noqa: F401  (tests import it from here)
 
 BIN = Path(sys.executable).parent
@@ -328,7 +329,7 @@ GATEWAY_OFF = {
 def run_ok(cmd: list[str], env: dict, timeout: float = 900, cwd=None) -> subprocess.CompletedProcess:
     """Run a command to its end; fail the test with the end of its output unless it exits 0."""
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                         cwd=cwd or Path(__file__).resolve().parents[1])
+                         cwd=cwd or ROOT)
     assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
     return out
 
