@@ -16,9 +16,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests.support.serving import PROMPTS, collect, endings, many_specs, read_then_cancel, reference  # noqa: E402
 from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import PROMPTS, collect, endings, read_then_cancel, reference  # noqa: E402
-from tests.test_serving_slots import many_specs  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,16 @@ import logging
 import pytest
 import torch
 
+from tests.support.serving import (
+    PROMPTS,
+    assert_greedy_matches,
+    collect,
+    many_specs,
+    reference,
+    run_adaptive,
+    run_slots,
+)
 from tests.support.serving_tiny_model import build_tiny_model
-from tests.test_serving_engine import PROMPTS, collect, reference, run_adaptive
-from tests.test_serving_slots import assert_greedy_matches, many_specs, run_slots
 
 ARCHITECTURES = ["llama", "gpt2"]
 

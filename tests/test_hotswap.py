@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
+from tests.support.serving import make_server, raw, reference
 from tests.support.serving_tiny_model import build_tiny_model
-from tests.test_serving_engine import make_server, raw, reference
 
 
 @pytest.fixture(scope="module")

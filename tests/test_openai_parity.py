@@ -21,9 +21,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests.support.serving import make_server, raw, run_engine, sdk  # noqa: E402
 from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import make_server, raw, sdk  # noqa: E402
-from tests.test_serving_isolation import _run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,7 @@ def test_shaping_and_ignore_eos_are_the_same_on_every_engine(loaded):
         _greedy(loaded, "Hello world", max_new_tokens=12, logit_bias=((eos, 100.0),), ignore_eos=True),
         _greedy(loaded, "The quick brown fox", max_new_tokens=10, logit_bias=((42, 100.0),)),
     ]
-    results = {engine: _run(loaded, engine, specs) for engine in ENGINES}
+    results = {engine: run_engine(loaded, engine, specs) for engine in ENGINES}
     for engine, got in results.items():
         assert not [g for g in got if isinstance(g, Exception)], (engine, got)
     plain, penalised, stopped, through, biased = results["slots"]
@@ -204,7 +203,7 @@ def test_logprobs_are_the_models_own_on_every_engine(loaded):
     streams_by_engine = {}
     for engine in ENGINES:
         captured = []
-        _run(loaded, engine, specs, keep=captured)
+        run_engine(loaded, engine, specs, keep=captured)
         streams_by_engine[engine] = [s.token_logprobs for s in captured]
     ref = streams_by_engine["slots"]
     for engine, got in streams_by_engine.items():

@@ -16,15 +16,18 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests.support.serving import (  # noqa: E402
+    MAX_LATE_TOKENS,
+    PROMPTS,
+    collect,
+    make_server,
+    raw,
+    read_then_cancel,
+    reference,
+    run_adaptive,
+    sdk,
+)
 from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-
-PROMPTS = [
-    "Hello world",
-    "The quick brown fox jumps over",
-    "A model server answers completions and chat completions over HTTP. Tokens are generated",
-    "x",
-    "Continuous batching lets requests join",
-]
 
 
 @pytest.fixture(scope="module")
@@ -32,86 +35,6 @@ def loaded(tmp_path_factory):
     from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
-
-
-def reference(loaded, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Single-request greedy `generate`, with the same stop tokens, stop tokens stripped."""
-    import torch
-    from transformers import GenerationConfig
-
-    out = loaded.model.generate(
-        torch.tensor([prompt_ids]),
-        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-        generation_config=GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                                           eos_token_id=sorted(loaded.stop_ids),
-                                           pad_token_id=loaded.tokenizer.pad_token_id),
-    )[0, len(prompt_ids):].tolist()
-    if out and out[-1] in loaded.stop_ids:
-        out.pop()
-    return out
-
-
-async def read_then_cancel(stream, after: int = 3) -> tuple[int, list[int]]:
-    """Read stream until `after` tokens have come, cancel it, drain it.
-
-    Returns the tokens read and the tokens the engine still emitted for the stream after the
-    cancel (the list fills as the engine goes on; read it once the others have run). The
-    tokens read depend on how busy the event loop was; the late ones count engine steps.
-    """
-    got, late = 0, []
-    emit = stream.emit
-
-    def emit_after_cancel(token_ids, logprobs=None):
-        late.extend(token_ids)
-        emit(token_ids, logprobs)
-
-    async for new in stream.events():
-        got += len(new)
-        if got >= after and not stream.cancelled:
-            stream.emit = emit_after_cancel
-            stream.cancel()
-    return got, late
-
-
-# An engine notices a cancel at its next step: the step under way may still emit a token.
-MAX_LATE_TOKENS = 2
-
-
-async def collect(stream) -> tuple[list[int], str]:
-    ids = []
-    async for new in stream.events():
-        ids += new
-    return ids, stream.finish_reason
-
-
-async def endings(streams, how=str, timeout: float = 10) -> list:
-    """How each stream ended: its finish_reason, or how(the Unavailable it ended with)."""
-    from tuneloop.serving.errors import Unavailable
-
-    outcomes = []
-    for s in streams:
-        try:
-            await asyncio.wait_for(collect(s), timeout=timeout)
-            outcomes.append(s.finish_reason)
-        except Unavailable as exc:
-            outcomes.append(how(exc))
-    return outcomes
-
-
-def run_adaptive(loaded, specs, sizes=None):
-    """Run (prompt_ids, SamplingParams) specs as one adaptive batch; [(ids, finish_reason)]."""
-    from tuneloop.serving.adaptive_engine import BatchGenerator
-    from tuneloop.serving.engine import GenerationStream
-
-    async def main():
-        streams = [GenerationStream(f"a{i}", ids, p) for i, (ids, p) in enumerate(specs)]
-        batcher = BatchGenerator(loaded, on_batch=sizes.append if sizes is not None else None)
-        job = asyncio.get_running_loop().run_in_executor(None, batcher.run, streams)
-        results = await asyncio.gather(*(collect(s) for s in streams))
-        await job
-        return results
-
-    return asyncio.run(main())
 
 
 def run_continuous(loaded, specs, sizes=None):
@@ -299,33 +222,6 @@ class _StuckBackend:
 
     def submit(self, stream):
         self.streams.append(stream)
-
-
-def make_server(loaded, backend, **kw):
-    from tuneloop.api.server import OpenAIServer
-    from tuneloop.serving.admission import AdmissionController
-    from tuneloop.serving.setup import ServedModel
-
-    admission = AdmissionController(kw.pop("max_concurrency", 64), kw.pop("timeout", 30.0), retry_after_s=2)
-    server = OpenAIServer(loaded=loaded, backend=backend, admission=admission,
-                          served=ServedModel("tiny", "3", aliases=["tiny@champion"]), **kw)
-    server.ready = True
-    return server
-
-
-def sdk(app):
-    import httpx
-    import openai
-
-    transport = httpx.ASGITransport(app=app)
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0,
-                              http_client=httpx.AsyncClient(transport=transport, base_url="http://test"))
-
-
-def raw(app):
-    import httpx
-
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
 def run_with_engine(loaded, test, **kw):

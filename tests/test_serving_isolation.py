@@ -24,8 +24,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests.support.serving import (  # noqa: E402
+    PROMPTS,
+    gather_outcomes,
+    make_server,
+    raw,
+    reference,
+    run_engine,
+)
 from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import PROMPTS, collect, make_server, raw, reference  # noqa: E402
 
 FAULTY_SEED = 666  # the fault injection below gives this seed a generator that raises
 
@@ -96,54 +103,10 @@ def _specs(loaded):
     return greedy[:2] + [bad] + greedy[2:]
 
 
-async def _outcomes(streams):
-    out = []
-    for s in streams:
-        try:
-            out.append(await asyncio.wait_for(collect(s), timeout=60))
-        except asyncio.TimeoutError:
-            out.append("hung")
-        except Exception as exc:  # noqa: BLE001 - the outcome under test
-            out.append(exc)
-    return out
-
-
-def _run(loaded, engine_name, specs, keep: list | None = None):
-    """Run (prompt ids, SamplingParams) specs through one engine; [(ids, finish_reason) or the
-    exception]. keep: a list that receives the streams."""
-    from tuneloop.serving.adaptive_engine import BatchGenerator
-    from tuneloop.serving.continuous_engine import ContinuousEngine
-    from tuneloop.serving.engine import GenerationStream
-    from tuneloop.serving.slots import SlotEngine
-
-    async def main():
-        streams = [GenerationStream(f"{engine_name}{i}", ids, p) for i, (ids, p) in enumerate(specs)]
-        if keep is not None:
-            keep.extend(streams)
-        if engine_name == "adaptive":
-            job = asyncio.get_running_loop().run_in_executor(None, BatchGenerator(loaded).run, streams)
-            results = await _outcomes(streams)
-            await job
-            return results
-        engine = (SlotEngine(loaded, num_slots=8) if engine_name == "slots"
-                  else ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256))
-        engine.launch()
-        try:
-            if engine_name == "slots":
-                await asyncio.to_thread(engine.ready.wait, 120)
-            for s in streams:
-                engine.submit(s)
-            return await _outcomes(streams)
-        finally:
-            engine.stop()
-
-    return asyncio.run(main())
-
-
 @pytest.mark.parametrize("engine_name", ["adaptive", "continuous", "slots"])
 def test_one_failing_row_fails_only_its_request(loaded, engine_name, faulty_seed):
     specs = _specs(loaded)
-    results = _run(loaded, engine_name, specs)
+    results = run_engine(loaded, engine_name, specs)
     assert isinstance(results[2], Exception), results[2]  # the faulty request: an error, at once
     for (ids, params), got in zip(specs[:2] + specs[3:], results[:2] + results[3:]):
         assert not isinstance(got, Exception) and got != "hung", got
@@ -178,7 +141,7 @@ def test_a_dead_slots_engine_fails_waiting_requests_and_refuses_new_ones(loaded,
         queued = GenerationStream("q", ids, SamplingParams(max_new_tokens=5, temperature=0.0))
         engine.submit(running)
         engine.submit(queued)
-        outcomes = await _outcomes([running, queued])
+        outcomes = await gather_outcomes([running, queued])
         await asyncio.to_thread(engine._thread.join, 10)
         with pytest.raises(Unavailable):
             engine.submit(GenerationStream("late", ids, SamplingParams(max_new_tokens=5)))

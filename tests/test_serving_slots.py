@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import time
 
 import pytest
@@ -20,16 +19,19 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-from tests.test_serving_engine import (  # noqa: E402
+from tests.support.serving import (  # noqa: E402
     MAX_LATE_TOKENS,
     PROMPTS,
+    assert_greedy_matches,
     collect,
     endings,
+    many_specs,
     read_then_cancel,
     reference,
     run_adaptive,
+    run_slots,
 )
+from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,67 +39,6 @@ def loaded(tmp_path_factory):
     from tuneloop.serving.engine import load_model
 
     return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
-
-
-def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None,
-              decode_attention="kernel", forward="transformers", burst=0, **engine_kw):
-    """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
-
-    forward: transformers' (what this file tests: padded prefill, the decoding kernel, sdpa,
-    torch.compile) unless asked otherwise (test_fused_forward.py asks for the fused one).
-
-    stagger_s > 0: requests arrive at random times within it (seeded), so newcomers join
-    a running batch and are prefilled between other rows' decoding steps. burst: the first
-    that many arrive together, so the batch fills however fast the machine finishes requests
-    (staggered alone, a fast one can answer each before the next arrives).
-    """
-    from tuneloop.serving.engine import GenerationStream
-    from tuneloop.serving.slots import SlotEngine
-
-    async def main():
-        engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
-                            on_batch=sizes.append if sizes is not None else None, decode_attention=decode_attention,
-                            forward=forward, **engine_kw)
-        engine.launch()
-        await asyncio.to_thread(engine.ready.wait, 600)
-        rng = random.Random(0)
-
-        async def one(i, ids, params):
-            delay = rng.random() * stagger_s
-            await asyncio.sleep(0 if i < burst else delay)
-            stream = GenerationStream(f"s{i}", ids, params)
-            engine.submit(stream)
-            return await collect(stream)
-
-        try:
-            return await asyncio.gather(*(one(i, ids, p) for i, (ids, p) in enumerate(specs)))
-        finally:
-            if engine_out is not None:
-                engine_out.append(engine)
-            engine.stop()
-
-    return asyncio.run(main())
-
-
-def many_specs(loaded, n=24, seed=1):
-    """n prompts of 1..40 tokens, max_tokens 1..60: more requests than slots, uneven lengths."""
-    from tuneloop.serving.engine import SamplingParams
-
-    rng = random.Random(seed)
-    tok = loaded.tokenizer
-    specs = []
-    for _ in range(n):
-        text = " ".join(rng.choice(PROMPTS) for _ in range(rng.randint(1, 3)))
-        ids = tok(text)["input_ids"][: rng.randint(1, 40)]
-        specs.append((ids, SamplingParams(max_new_tokens=rng.randint(1, 60), temperature=0.0)))
-    return specs
-
-
-def assert_greedy_matches(loaded, specs, results):
-    for (ids, params), (got, finish) in zip(specs, results):
-        want = reference(loaded, ids, params.max_new_tokens)
-        assert got == want, f"prompt of {len(ids)} tokens, max_tokens {params.max_new_tokens}"
-        assert finish == ("length" if len(want) == params.max_new_tokens else "stop")
 
 
 @pytest.mark.parametrize("decode_attention", ["kernel", "sdpa"])

@@ -75,9 +75,9 @@ def test_runs_inside_torch_compile_with_changing_row_counts(kernel):
 
 def test_without_a_compiler_the_engine_decodes_with_sdpa(kernel, tmp_path, monkeypatch):
     """A host with no C compiler: no kernel, a warning, and the same tokens through sdpa."""
+    from tests.support.serving import PROMPTS, collect
+    from tests.support.serving import reference as generate_reference
     from tests.support.serving_tiny_model import build_tiny_model
-    from tests.test_serving_engine import PROMPTS, collect
-    from tests.test_serving_engine import reference as generate_reference
     from tuneloop.serving.engine import GenerationStream, SamplingParams, load_model
     from tuneloop.serving.slots import SlotEngine
 
