@@ -1,4 +1,5 @@
-"""Shared test setup: import the project from the checkout, never touch the network."""
+"""Shared test setup for every tier (tests/unit, tests/integration, tests/e2e): import the
+project from the checkout, never touch the network, and the fixtures more than one module uses."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The package may not be pip-installed (CI runs pytest from the checkout).
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402  (the checkout is on sys.path now)
 
 # No hub downloads in tests: offline machines fail slowly otherwise (retries).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,3 +44,22 @@ def demo_base_model() -> Path:
 
     cfg = load_config(ROOT / "configs" / "default.yaml", environ={})
     return Path(ensure_base_model(cfg))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny serving model's folder (tests/support/serving_tiny_model.py), built once per run.
+    Read only: a test that changes a model builds its own."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def loaded(tiny_model_dir):
+    """The tiny model loaded for serving (one thread), shared by every in-process engine and
+    API test. Tests may not change it for good: the engines hand back what they change (the
+    attention implementation, a compiled layer) when they stop, and a test that sets something
+    on it (a config attribute) puts it back in a `finally`. Tests that swap weights load their
+    own models (test_hotswap.py, test_fused_forward.py)."""
+    from tuneloop.serving.engine import load_model
+
+    return load_model(tiny_model_dir, num_threads=1)

@@ -13,23 +13,8 @@ import signal
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from tests.support.serving import PROMPTS, collect, endings, many_specs, read_then_cancel, reference  # noqa: E402
-from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def loaded(folder):
-    from tuneloop.serving.engine import load_model
-
-    return load_model(folder, num_threads=1)
+from tests.support.serving import PROMPTS, collect, endings, many_specs, read_then_cancel, reference
+from tests.support.serving_tiny_model import build_tiny_model
 
 
 def serving(**kw):
@@ -64,7 +49,7 @@ def stream(rid, ids, max_tokens):
     return GenerationStream(rid, ids, SamplingParams(max_new_tokens=max_tokens, temperature=0.0))
 
 
-def test_greedy_through_the_child_equals_generate_with_joins_leaves_and_a_queue(folder, loaded):
+def test_greedy_through_the_child_equals_generate_with_joins_leaves_and_a_queue(tiny_model_dir, loaded):
     specs = many_specs(loaded)
 
     async def test(engine):
@@ -78,7 +63,7 @@ def test_greedy_through_the_child_equals_generate_with_joins_leaves_and_a_queue(
             await asyncio.sleep(0.002 * (i % 3))  # some join a running batch
         return await asyncio.gather(*(collect(s) for s in streams))
 
-    results, engine, sizes = run(folder, test, max_batch_size=8)
+    results, engine, sizes = run(tiny_model_dir, test, max_batch_size=8)
     for (ids, params), (got, finish) in zip(specs, results):
         want = reference(loaded, ids, params.max_new_tokens)
         assert got == want, f"prompt of {len(ids)} tokens, max_tokens {params.max_new_tokens}"
@@ -87,7 +72,7 @@ def test_greedy_through_the_child_equals_generate_with_joins_leaves_and_a_queue(
     assert engine.context_length == 256 and not engine.is_running  # stopped after the test
 
 
-def test_a_cancelled_generation_frees_its_slot_in_the_child(folder, loaded):
+def test_a_cancelled_generation_frees_its_slot_in_the_child(tiny_model_dir, loaded):
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
     async def test(engine):
@@ -97,13 +82,13 @@ def test_a_cancelled_generation_frees_its_slot_in_the_child(folder, loaded):
         got, _ = await read_then_cancel(doomed)  # the child's tokens reach the parent late: not counted
         return got, doomed.finish_reason, (await collect(other))[0], (await collect(waiting))[0]
 
-    (got, reason, other_ids, waiting_ids), _, _ = run(folder, test, max_batch_size=2)
+    (got, reason, other_ids, waiting_ids), _, _ = run(tiny_model_dir, test, max_batch_size=2)
     assert reason == "cancelled" and got < 200
     assert other_ids == reference(loaded, ids, 30)
     assert waiting_ids == reference(loaded, ids, 5)
 
 
-def test_a_child_that_dies_fails_its_requests_at_once_and_is_restarted(folder, loaded):
+def test_a_child_that_dies_fails_its_requests_at_once_and_is_restarted(tiny_model_dir, loaded):
     """Killed mid-generation: its requests fail at once (503), the server is not ready and
     says when to retry, and a new child serves again with the same weights (greedy equal)."""
     import time
@@ -131,14 +116,14 @@ def test_a_child_that_dies_fails_its_requests_at_once_and_is_restarted(folder, l
         engine.submit(again)
         return outcomes, state, (await collect(again))[0], engine.pid != first, engine.restarts, engine.gave_up
 
-    (outcomes, (running, failed, retry_after), again, new_child, restarts, gave_up), _, _ = run(folder, test)
+    (outcomes, (running, failed, retry_after), again, new_child, restarts, gave_up), _, _ = run(tiny_model_dir, test)
     assert outcomes == [503, 503, 503]
     assert not running and "exited" in failed and int(retry_after) >= 1
     assert new_child and restarts == 1 and not gave_up
     assert again == reference(loaded, ids, 12)
 
 
-def test_crashes_faster_than_restarts_mend_them_give_up(folder, loaded, monkeypatch):
+def test_crashes_faster_than_restarts_mend_them_give_up(tiny_model_dir, loaded, monkeypatch):
     """More than MAX_RESTARTS crashes within the window: gave_up (the server's /livez then fails)."""
     import time
 
@@ -159,11 +144,11 @@ def test_crashes_faster_than_restarts_mend_them_give_up(folder, loaded, monkeypa
             await asyncio.sleep(0.1)
         return engine.gave_up, engine.restarts
 
-    (gave_up, restarts), _, _ = run(folder, test)
+    (gave_up, restarts), _, _ = run(tiny_model_dir, test)
     assert gave_up and restarts == 1
 
 
-def test_stopping_ends_running_and_queued_streams(folder, loaded):
+def test_stopping_ends_running_and_queued_streams(tiny_model_dir, loaded):
     ids = loaded.tokenizer(PROMPTS[0])["input_ids"]
 
     async def test(engine):
@@ -175,7 +160,7 @@ def test_stopping_ends_running_and_queued_streams(folder, loaded):
         await asyncio.to_thread(engine.stop)
         return await endings((running, beside, queued))
 
-    outcomes, engine, _ = run(folder, test, max_batch_size=2)
+    outcomes, engine, _ = run(tiny_model_dir, test, max_batch_size=2)
     assert outcomes == ["the server is shutting down"] * 3
     assert engine.failed is None  # a stop is not a death
 

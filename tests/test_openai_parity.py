@@ -14,23 +14,10 @@ The same requests through the real `bentoml serve`: test_serving_api.py.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from tests.support.serving import make_server, raw, run_engine, sdk  # noqa: E402
-from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from tuneloop.serving.engine import load_model
-
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
-
+from tests.support.serving import make_server, raw, run_engine, sdk
 
 ENGINES = ["adaptive", "continuous", "slots"]
 

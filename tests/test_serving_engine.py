@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from tests.support.serving import (  # noqa: E402
+from tests.support.serving import (
     MAX_LATE_TOKENS,
     PROMPTS,
     collect,
@@ -27,14 +23,6 @@ from tests.support.serving import (  # noqa: E402
     run_adaptive,
     sdk,
 )
-from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from tuneloop.serving.engine import load_model
-
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
 
 def run_continuous(loaded, specs, sizes=None):

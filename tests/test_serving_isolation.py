@@ -17,14 +17,10 @@ The same properties through the real `bentoml serve` and schemathesis: test_serv
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from tests.support.serving import (  # noqa: E402
+from tests.support.serving import (
     PROMPTS,
     gather_outcomes,
     make_server,
@@ -32,16 +28,8 @@ from tests.support.serving import (  # noqa: E402
     reference,
     run_engine,
 )
-from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
 
 FAULTY_SEED = 666  # the fault injection below gives this seed a generator that raises
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from tuneloop.serving.engine import load_model
-
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
 
 
 class _BrokenGenerator:

@@ -16,10 +16,7 @@ import time
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from tests.support.serving import (  # noqa: E402
+from tests.support.serving import (
     MAX_LATE_TOKENS,
     PROMPTS,
     assert_greedy_matches,
@@ -31,14 +28,7 @@ from tests.support.serving import (  # noqa: E402
     run_adaptive,
     run_slots,
 )
-from tests.support.serving_tiny_model import build_tiny_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from tuneloop.serving.engine import load_model
-
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
+from tests.support.serving_tiny_model import build_tiny_model
 
 
 @pytest.mark.parametrize("decode_attention", ["kernel", "sdpa"])

@@ -6,16 +6,12 @@ clean fall back to sdpa where no compiler exists."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from tuneloop.serving import slot_attention  # noqa: E402
+from tuneloop.serving import slot_attention
 
 
 @pytest.fixture(scope="module")
