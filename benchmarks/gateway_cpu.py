@@ -154,7 +154,7 @@ def main() -> None:
 
 
 async def run(systems: dict, home: Path, loaded, requests, answers, args) -> None:
-    from tests.test_serving_engine import make_server
+    from tests.support.serving import make_server
     from tuneloop.api.app import create_app
     from tuneloop.config import TuneloopConfig
     from tuneloop.gateway.pipeline import Gateway

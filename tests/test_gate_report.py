@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_validation import chat
+from tests.support.examples import chat
 from tuneloop.config import ValidationConfig
 from tuneloop.data.schema import Example
 from tuneloop.gate_report import REPORT_NAME, render_gate_report

@@ -17,42 +17,26 @@ import json
 import math
 import sqlite3
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support.gateway import (
+    PLANTED,
+    PLANTED_TEXT,
+    RecordingBackend,
+    ScriptedModel,
+    assert_clean,
+    bearer,
+    gateway_config,
+)
 from tests.support.servers import free_port, hung_listener, redis_server
-from tests.support.serving_tiny_model import build_tiny_model
-from tests.test_serving_engine import make_server, raw, sdk
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from tuneloop.serving.engine import load_model
-
-    return load_model(build_tiny_model(tmp_path_factory.mktemp("tiny")), num_threads=1)
+from tests.support.serving import make_server, raw, sdk
 
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def gateway_config(home: Path, **gateway):
-    from tuneloop.config import TuneloopConfig
-
-    # The checks in threads of this process: these tests replace the analyzer to make faults;
-    # the checks' own process is tested in test_gateway_guard_process.py and the served stack.
-    base = {"pii": {"mode": "off", "outputs": "off"}, "filter": {"classifier": None}, "checks_in": "thread"}
-    return TuneloopConfig.model_validate({"paths": {"home": str(home)}, "gateway": _merge(base, gateway)})
 
 
 def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
@@ -84,10 +68,6 @@ def run_gateway(loaded, cfg, test, replicas: int = 1, backend=None):
                 await g.close()
 
     return asyncio.run(main())
-
-
-def bearer(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def err(r) -> dict:
@@ -719,63 +699,6 @@ def test_auth_off_says_so_loudly(loaded, tmp_path, caplog):
 # ---------------------------------------------------------------------------------------
 # PII through the routes (tuneloop/privacy/redactor.py has its own tests on the corpus)
 
-PLANTED = {
-    "email": "jane.doe@example.org",
-    "phone": "+1 212-555-0199",
-    "card": "4111 1111 1111 1111",
-    "iban": "DE89 3704 0044 0532 0130 00",
-    "ip": "192.168.13.77",
-    "ssn": "078-05-1121",
-    "openai key": "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z",
-    "github token": "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8",
-}
-PLANTED_TEXT = " ".join(f"My {k} is {v}." for k, v in PLANTED.items())
-
-
-class RecordingBackend:
-    """Wraps the real engine and keeps the prompt ids it was given (what the model sees)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.engine = inner.engine if hasattr(inner, "engine") else "continuous"
-        self.prompts: list[list[int]] = []
-
-    def submit(self, stream):
-        self.prompts.append(list(stream.prompt_ids))
-        self.inner.submit(stream)
-
-
-class ScriptedModel:
-    """A model that answers with fixed text (a model that repeats PII back), token by token:
-    stands in for the model only, so the output side of the real redaction is tested."""
-
-    engine = "scripted"
-
-    def __init__(self, tokenizer, text: str):
-        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def submit(self, stream):
-        top = stream.params.logprobs
-
-        async def run():
-            for i in range(0, len(self.ids), 2):  # two tokens per step: entities split across chunks
-                ids = self.ids[i:i + 2]
-                # when asked: each token's logprob (-0.5) and `top` alternatives (the token itself first)
-                stream.emit(ids, None if top is None else [(-0.5, [(t, -0.5), (0, -3.0)][:top]) for t in ids])
-                await asyncio.sleep(0)
-            stream.finish("stop")
-
-        stream.claimed = True
-        asyncio.get_running_loop().create_task(run())
-
-
-def _assert_clean(text: str, where: str) -> None:
-    for label, value in PLANTED.items():
-        assert value not in text, f"{label} ({value}) leaked in {where}: {text!r}"
-    for secret in (PLANTED["openai key"], PLANTED["github token"]):
-        for i in range(0, len(secret) - 8):
-            assert secret[i:i + 8] not in text, f"part of a secret leaked in {where}"
-
 
 def test_pii_never_reaches_the_model_and_block_mode_refuses(loaded, tmp_path, caplog):
     import logging
@@ -800,9 +723,9 @@ def test_pii_never_reaches_the_model_and_block_mode_refuses(loaded, tmp_path, ca
         await client.completions.create(model="tiny", max_tokens=3, prompt=ids)
         echoed = await client.completions.create(model="tiny", max_tokens=3, prompt=PLANTED_TEXT, echo=True)
         for prompt in recorder.prompts:
-            _assert_clean(loaded.tokenizer.decode(prompt), "the model's input")
+            assert_clean(loaded.tokenizer.decode(prompt), "the model's input")
         assert "<EMAIL_ADDRESS>" in loaded.tokenizer.decode(recorder.prompts[0])
-        _assert_clean(echoed.choices[0].text, "the echoed prompt")
+        assert_clean(echoed.choices[0].text, "the echoed prompt")
         import openai
 
         gateways[0].config.pii.mode = "block"
@@ -818,7 +741,7 @@ def test_pii_never_reaches_the_model_and_block_mode_refuses(loaded, tmp_path, ca
 
     with caplog.at_level(logging.DEBUG):
         run_gateway(loaded, cfg, test, backend=engine)
-    _assert_clean("\n".join(r.getMessage() for r in caplog.records), "the log")
+    assert_clean("\n".join(r.getMessage() for r in caplog.records), "the log")
 
 
 def test_pii_in_outputs_is_redacted_also_when_split_across_stream_chunks(loaded, tmp_path):
@@ -828,7 +751,7 @@ def test_pii_in_outputs_is_redacted_also_when_split_across_stream_chunks(loaded,
     async def test(apps, gateways):
         client = sdk(apps[0])
         whole = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
-        _assert_clean(whole.choices[0].message.content, "a whole answer")
+        assert_clean(whole.choices[0].message.content, "a whole answer")
         assert "<EMAIL_ADDRESS>" in whole.choices[0].message.content and "Anything else?" in \
             whole.choices[0].message.content
         stream = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
@@ -837,12 +760,12 @@ def test_pii_in_outputs_is_redacted_also_when_split_across_stream_chunks(loaded,
         async for event in stream:
             for c in event.choices:
                 seen += c.delta.content or ""
-                _assert_clean(seen, "a stream, as far as it got")
+                assert_clean(seen, "a stream, as far as it got")
         assert seen == whole.choices[0].message.content
         text = ""
         async for event in await client.completions.create(model="tiny", prompt="x", stream=True):
             text += event.choices[0].text if event.choices else ""
-        _assert_clean(text, "a completions stream")
+        assert_clean(text, "a completions stream")
 
     run_gateway(loaded, cfg, test, backend=model)
 
@@ -862,7 +785,7 @@ def test_logprobs_under_output_redaction_carry_the_redacted_text(loaded, tmp_pat
         answer = whole.choices[0].message.content
         entries = whole.choices[0].logprobs.content
         assert "".join(e.token for e in entries) == answer
-        _assert_clean(" ".join(e.token for e in entries) + json.dumps(whole.model_dump()), "logprobs")
+        assert_clean(" ".join(e.token for e in entries) + json.dumps(whole.model_dump()), "logprobs")
         redacted = [e for e in entries if not e.top_logprobs]  # inside (or touching) a redacted span
         assert sum(e.token.count("<") for e in entries) == len(PLANTED)  # each span's replacement once
         assert len(redacted) >= len(PLANTED) and all(e.logprob == -0.5 for e in redacted)
@@ -876,14 +799,14 @@ def test_logprobs_under_output_redaction_carry_the_redacted_text(loaded, tmp_pat
             for c in event.choices:
                 streamed += c.delta.content or ""
                 tokens += [e.token for e in (c.logprobs.content if c.logprobs else [])]
-                _assert_clean("".join(tokens), "streamed logprobs, as far as they got")
+                assert_clean("".join(tokens), "streamed logprobs, as far as they got")
                 assert len("".join(tokens)) <= len(streamed) + 1  # never ahead of the text shown
         assert streamed == answer and "".join(tokens) == answer
 
         legacy = await client.completions.create(model="tiny", prompt="x", logprobs=1)
         lp = legacy.choices[0].logprobs
         assert "".join(lp.tokens) == legacy.choices[0].text
-        _assert_clean(json.dumps(legacy.model_dump()), "completions logprobs")
+        assert_clean(json.dumps(legacy.model_dump()), "completions logprobs")
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
 
     run_gateway(loaded, cfg, test, backend=model)

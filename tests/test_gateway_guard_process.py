@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.test_gateway import PLANTED, PLANTED_TEXT, ScriptedModel, _assert_clean, gateway_config, loaded  # noqa: F401
-from tests.test_serving_engine import raw, sdk
+from tests.support.gateway import PLANTED, PLANTED_TEXT, RecordingBackend, ScriptedModel, assert_clean, gateway_config
+from tests.support.serving import make_server, raw, sdk
 from tuneloop.config import PiiConfig
 from tuneloop.gateway.filter_train import train_classifier
 from tuneloop.gateway.guard_process import MAX_IN_FLIGHT, GuardFailed, GuardProcess
@@ -102,11 +102,9 @@ def test_a_killed_or_hung_child_fails_its_calls_and_is_replaced(tmp_path, classi
         guard.close()
 
 
-def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tmp_path, classifier_dir,  # noqa: F811
+def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tmp_path, classifier_dir,
                                                                      monkeypatch):
     import tuneloop.gateway.pipeline as pipeline
-    from tests.test_gateway import RecordingBackend
-    from tests.test_serving_engine import make_server
     from tuneloop.api.app import create_app
     from tuneloop.gateway.pipeline import Gateway
 
@@ -128,14 +126,14 @@ def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tm
             assert g.guard.info["classifier"]["method"] == "hybrid" and g.pii.prescreen and g.pii.early_emit
             answer = await client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": PLANTED_TEXT}])
-            _assert_clean(answer.choices[0].message.content, "an answer")
-            _assert_clean(loaded.tokenizer.decode(model.prompts[0]), "the model's input")
+            assert_clean(answer.choices[0].message.content, "an answer")
+            assert_clean(loaded.tokenizer.decode(model.prompts[0]), "the model's input")
             assert "<EMAIL_ADDRESS>" in loaded.tokenizer.decode(model.prompts[0])
             streamed = ""
             async for event in await client.chat.completions.create(
                     model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True):
                 streamed += "".join(c.delta.content or "" for c in event.choices)
-                _assert_clean(streamed, "a stream, as far as it got")
+                assert_clean(streamed, "a stream, as far as it got")
             assert streamed == answer.choices[0].message.content and "<EMAIL_ADDRESS>" in streamed
             mod = await client.moderations.create(input=[INJECTIONS[0], BENIGN[0]])
             assert [r.flagged for r in mod.results] == [True, False]
@@ -154,7 +152,7 @@ def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tm
             await g.guard.await_ready()
             ok = await client.completions.create(model="tiny", prompt="my mail is jane.doe@example.org", max_tokens=3)
             assert ok.choices and g.guard.starts == 2
-            _assert_clean(loaded.tokenizer.decode(model.prompts[-1]), "the model's input")
+            assert_clean(loaded.tokenizer.decode(model.prompts[-1]), "the model's input")
             r = await raw(app).post("/v1/moderations", json={"input": BENIGN[1]})
             assert r.status_code == 200 and r.json()["results"][0]["flagged"] is False
         finally:

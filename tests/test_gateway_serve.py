@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.filter_cases import BENIGN, BYPASSES
+from tests.support.gateway import PLANTED
+from tests.support.openapi_fuzz import fuzz_openai_routes
 from tests.support.servers import free_port, prefect_home, redis_server, service, services
 from tests.support.servers import last_json as _last_json
 from tests.support.serving_tiny_model import build_tiny_model
-from tests.test_gateway import PLANTED
-from tests.test_gateway_filter_rules import BENIGN, BYPASSES
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")
@@ -272,7 +273,6 @@ def test_the_filter_costs_the_engine_no_turn_and_its_cost_is_measured(stack):
 def test_schemathesis_through_the_gateway(stack):
     """The served spec fuzzed through the whole gateway (key, limits, PII, filter, cache):
     no 5xx and only OpenAI-shaped errors, /v1/moderations included."""
-    from tests.test_serving_api import fuzz_openai_routes
 
     _, key = _key(stack["env"], "fuzz", "enterprise")
     seen = fuzz_openai_routes(stack["urls"][0], ["tiny-chat:7", "tiny-chat", "gpt-4o"],

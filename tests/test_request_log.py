@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_gateway import PLANTED, PLANTED_TEXT, ScriptedModel, _assert_clean, bearer, gateway_config, loaded  # noqa: F401
-from tests.test_serving_engine import make_server, raw
+from tests.support.gateway import PLANTED, PLANTED_TEXT, ScriptedModel, assert_clean, bearer, gateway_config
+from tests.support.serving import make_server, raw
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,7 +213,7 @@ def test_logged_texts_are_redacted_by_the_gateway_or_else_by_the_writer(loaded, 
         records = logged(cfg)
         assert len(records) == 3
         text = "\n".join(p.read_text() for p in (home / "requests").glob("*.jsonl"))
-        _assert_clean(text, f"the request log (gateway pii {pii})")
+        assert_clean(text, f"the request log (gateway pii {pii})")
         chat = next(r for r in records if r["route"] == "/v1/chat/completions")
         assert "<EMAIL_ADDRESS>" in chat["prompt"][0]["content"] and "Anything else?" in chat["completions"][0]
         assert chat["prompt_redacted"] and chat["completion_redacted"]
@@ -242,7 +242,7 @@ def test_a_cache_hit_is_logged_as_its_miss_was_without_analysing_it_again(loaded
     assert [r.headers["x-cache"] for r in responses] == ["miss", "hit", "hit"]
     records = {r["request_id"]: r for r in logged(cfg)}
     miss, *hits = [records[r.headers["x-request-id"]] for r in responses]
-    _assert_clean("\n".join(p.read_text() for p in (tmp_path / "requests").glob("*.jsonl")), "the request log")
+    assert_clean("\n".join(p.read_text() for p in (tmp_path / "requests").glob("*.jsonl")), "the request log")
     assert "<EMAIL_ADDRESS>" in miss["prompt"][0]["content"] and miss["pii_entities"]
     for hit in hits:
         assert hit["cache"] == "hit"
@@ -295,7 +295,7 @@ def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
     redactor.timeout_s = 60
     request_log.close()
     records = {r["request_id"]: r for p in (tmp_path / "log").glob("*.jsonl") for r in map(json.loads, p.read_text().splitlines())}
-    _assert_clean(json.dumps(records), "the log")
+    assert_clean(json.dumps(records), "the log")
     for i in ("r1", "r2"):
         assert "<EMAIL_ADDRESS>" in records[i]["prompt"][0]["content"] and records[i]["completions"] == ["<EMAIL_ADDRESS>"]
     assert records["r3"]["prompt"] is None and records["r3"]["texts_omitted"] == "redaction failed"

@@ -6,24 +6,12 @@ import json
 
 import pytest
 
+from tests.support.examples import chat, legacy
 from tuneloop.config import ValidationConfig
 from tuneloop.data.schema import Example
 from tuneloop.validation import example_text, find_pii, find_secrets, validate_dataset
 
 FRUITS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "peach", "grape", "melon"]
-
-
-def chat(example_id: str, question: str, answer: str) -> Example:
-    return Example(
-        example_id=example_id,
-        completion=answer,
-        messages=[{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
-        source_format="chat",
-    )
-
-
-def legacy(example_id: str, prompt: str, completion: str) -> Example:
-    return Example(example_id=example_id, prompt=prompt, completion=completion, source_format="legacy")
 
 
 def clean_sets(n_train: int = 40, n_eval: int = 10) -> tuple[list[Example], list[Example]]:
