@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib
 import inspect
 import json
 import logging
@@ -31,7 +32,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any
+
+from tqdm.auto import tqdm
 
 from tuneloop.config import BootstrapConfig
 from tuneloop.presets import PRESETS, convert_preset
@@ -109,9 +113,6 @@ def is_bootstrapped(model_dir: Path, cfg: BootstrapConfig) -> bool:
 
 def training_documents() -> list[str]:
     """Real English text available offline: pydoc help topics and stdlib docstrings."""
-    import importlib
-    from pydoc_data.topics import topics
-
     docs = [topics[name] for name in sorted(topics)]
     for module_name in DOCSTRING_MODULES:
         module = importlib.import_module(module_name)
@@ -257,7 +258,6 @@ def evaluate_loss(model, tokens, block_size: int, batch_size: int, max_blocks: i
 def pretrain(model, train_tokens, val_tokens, cfg: BootstrapConfig, progress: bool = True) -> dict[str, float]:
     """Brief causal-LM pre-training on random blocks of train_tokens; returns the losses."""
     import torch
-    from tqdm.auto import tqdm
 
     device = next(model.parameters()).device
     train = torch.tensor(train_tokens, dtype=torch.long)

@@ -118,7 +118,7 @@ def build_frame(
         train_prompts.setdefault(ex.prompt_hash, ex.example_id)
     near: dict[str, str] = {}  # eval example id -> "near-duplicate of train X (0.93)"
     if leakage_similarity is not None and train and eval:
-        from tuneloop.data.neardup import leaked_pairs
+        from tuneloop.data.neardup import leaked_pairs  # deferred: datasketch (0.6 s), only with leakage_similarity
 
         for i, j, sim in leaked_pairs([e.prompt_text for e in train], [e.prompt_text for e in eval],
                                       leakage_similarity):

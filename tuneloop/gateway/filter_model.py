@@ -34,6 +34,7 @@ import logging
 import math
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -188,8 +189,6 @@ class _LinearScorer:
 
     def predict(self, texts: list[str], dense: np.ndarray | None) -> np.ndarray:
         """P(injection) per text; dense: the encoder features (None for a TF-IDF-only regression)."""
-        from collections import Counter
-
         z = np.full(len(texts), self.intercept)
         if self.dense is not None:
             z += np.asarray(dense, dtype=np.float64) @ self.dense

@@ -66,6 +66,7 @@ A saved classifier is a folder: see tuneloop/gateway/filter_model.py.
 from __future__ import annotations
 
 import math
+import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -518,8 +519,6 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
 
 
 def _seed_everything(seed: int) -> None:
-    import random
-
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     try:

@@ -4,6 +4,7 @@ steps 1 and 2 of tuneloop/packaging/__init__.py, which also describes the image 
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tuneloop.config import REPO_ROOT, TuneloopConfig
 from tuneloop.packaging.common import PackagingError, bentoml_env, now, say
@@ -145,11 +148,6 @@ def pinned_packages(names: list[str]) -> list[str]:
     Walks the installed distributions' metadata (markers evaluated for this interpreter,
     extras followed), so the bento installs exactly what was tested, with no resolver run.
     """
-    from importlib import metadata
-
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
     top = [Requirement(n) for n in names]
     top_names = {canonicalize_name(r.name) for r in top}
     pins: dict[str, str] = {}
@@ -162,8 +160,8 @@ def pinned_packages(names: list[str]) -> list[str]:
             continue
         seen.add(key)
         try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
             if key[0] in top_names:
                 raise PackagingError(f"package {name!r} (named in {BENTOFILE}) is not installed here") from None
             continue  # a requirement whose marker matched but is absent: nothing to pin

@@ -17,10 +17,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+import httpx
 
 from tuneloop.config import TuneloopConfig
 from tuneloop.gateway.keys import PEPPER_ENV, KeyStore
@@ -171,8 +176,6 @@ def _validation_key(cfg: TuneloopConfig, folder: Path, env: dict[str, str]) -> d
 def check_server(command: ServeCommand, port: int, log_path: Path, timeout: float, label: str,
                  headers: dict[str, str] | None = None) -> InfraValidation:
     """Run a serve command until /readyz, check the OpenAI answers, always stop it."""
-    import httpx
-
     started = time.perf_counter()
     base = f"http://127.0.0.1:{port}"
 
@@ -227,10 +230,6 @@ def run_server(command: ServeCommand, host: str, port: int, out=None) -> ServeOu
     server instead, with its reason. SIGINT / SIGTERM go to the server's process group, so
     it drains and stops as it would on its own. Once /readyz answers 200 one line says so.
     """
-    import threading
-    import urllib.request
-    from collections import deque
-
     out = out or sys.stdout
     proc = subprocess.Popen(command.argv, cwd=command.cwd, env=command.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace")
