@@ -17,14 +17,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.gateway import PLANTED, PLANTED_TEXT, ScriptedModel, assert_clean, bearer, gateway_config
 from tests.support.serving import make_server, raw
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_logged(loaded, cfg, test, backend=None):

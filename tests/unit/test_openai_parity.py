@@ -17,6 +17,7 @@ import asyncio
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.serving import make_server, raw, run_engine, sdk
 
 ENGINES = ["adaptive", "continuous", "slots"]
@@ -262,11 +263,10 @@ def test_responses_validate_against_openais_published_schemas(loaded):
     OpenAI's OpenAPI spec (restated in tests/schemas/openai_responses.json): stricter than
     the SDK, whose models accept missing fields."""
     import json
-    from pathlib import Path
 
     import jsonschema
 
-    spec = json.loads((Path(__file__).parent / "schemas" / "openai_responses.json").read_text())
+    spec = json.loads((ROOT / "tests" / "schemas" / "openai_responses.json").read_text())
 
     def check(name: str, body: dict) -> None:
         jsonschema.validate(body, {**spec, "$ref": f"#/$defs/{name}"})

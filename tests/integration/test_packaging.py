@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import ROOT
 from tests.support.serving_tiny_model import build_tiny_model
 from tuneloop.config import load_config
 from tuneloop.packaging import bento, common, deployment, server
@@ -268,7 +269,7 @@ from tuneloop.packaging.server import ServeCommand, check_server
 command = ServeCommand(argv=[{sys.executable!r}, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
                                  env=dict(__import__("os").environ), cwd=Path({str(tmp_path)!r}))
 check_server(command, {port}, Path({str(tmp_path / "serve.log")!r}), 120, "orphan-test")
-"""], cwd=Path(__file__).resolve().parents[1])
+"""], cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import ROOT
 from tuneloop.config import load_config
 from tuneloop.registry import ModelRegistry
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_config(path: Path, home: Path, base: Path, data: Path, **training) -> Path:

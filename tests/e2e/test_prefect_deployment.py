@@ -8,13 +8,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import BIN, prefect_server
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 

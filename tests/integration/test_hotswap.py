@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.serving import make_server, raw, reference
 from tests.support.serving_tiny_model import build_tiny_model
 
@@ -172,7 +173,6 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     import sys
     import threading
     import time
-    from pathlib import Path
 
     import httpx
     from mlflow.tracking import MlflowClient
@@ -181,7 +181,6 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     from tuneloop.config import TuneloopConfig
     from tuneloop.registry import ModelRegistry
 
-    root = Path(__file__).resolve().parents[1]
     home = tmp_path / "home"
     cfg = TuneloopConfig.model_validate({"paths": {"home": str(home)}})
     name = cfg.mlflow.registered_model
@@ -202,7 +201,7 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
            "--port", str(port)]
     body = {"model": name, "max_tokens": 16, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Hello there"}]}
-    with service(cmd, f"{url}/readyz", tmp_path / "serve.log", env=env, timeout=240, cwd=root):
+    with service(cmd, f"{url}/readyz", tmp_path / "serve.log", env=env, timeout=240, cwd=ROOT):
         stop, seen = threading.Event(), []
 
         def streaming_client():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tuneloop.data.neardup import (
     DEFAULT_THRESHOLD,
     containment,
@@ -20,7 +20,6 @@ from tuneloop.data.neardup import (
     word_shingles,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 T0_AMAZON = ROOT.parent / "shared" / "data" / "t0-amazon-polarity"
 
 

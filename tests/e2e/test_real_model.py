@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import GATEWAY_OFF, free_port, service
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "smollm2.yaml"
 pytestmark = [
     pytest.mark.slow,

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tuneloop.config import BootstrapConfig, ConfigError, TrainingConfig, load_config
 from tuneloop.data.schema import Example
 from tuneloop.training import TrainingError, TrainSpec, candidate_specs, launch_training
 from tuneloop.training.launch import start_training
 
-REPO = Path(__file__).resolve().parents[1]
-ZERO = REPO / "configs" / "deepspeed"
+ZERO = ROOT / "configs" / "deepspeed"
 
 GOOD = "great lovely excellent wonderful superb fantastic perfect".split()
 BAD = "awful terrible broken useless horrible poor boring".split()
@@ -374,7 +374,7 @@ def test_a_retrain_from_the_champion_keeps_the_recipe_choosing():
     from flows.training import with_init_from
     from tuneloop.training.recipe import auto_recipe
 
-    cfg = with_init_from(load_config(Path(__file__).parents[1] / "configs" / "smollm2.yaml", environ={}), "champion")
+    cfg = with_init_from(load_config(ROOT / "configs" / "smollm2.yaml", environ={}), "champion")
     assert cfg.training.init_from == "champion" and cfg.training.recipe == "auto"
     chosen, _, _ = auto_recipe(cfg.training, 1987, "x")
     assert chosen["lora"] == {"target_modules": "all-linear", "r": 16, "alpha": 32}

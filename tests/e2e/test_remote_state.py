@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import BIN, free_port, mlflow_server, postgres_server, prefect_home, service
 from tests.support.servers import last_json as _last_json
 from tests.support.servers import run_ok as _run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(BIN / "tuneloop")
 PEPPER = "remote-state-test-pepper-0123456789abcdef"
 

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.openapi_fuzz import fuzz_openai_routes
 from tests.support.servers import GATEWAY_OFF, free_port, service
 from tests.support.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["Hello world", "The quick brown fox jumps over", "Tokens are generated one at a time;", "x"]
 
 

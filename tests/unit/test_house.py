@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 PACKAGES = ("tuneloop", "flows", "bentos")
 SOURCES = sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

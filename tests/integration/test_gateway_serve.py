@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.filter_cases import BENIGN, BYPASSES
 from tests.support.gateway import PLANTED
 from tests.support.openapi_fuzz import fuzz_openai_routes
@@ -32,7 +33,6 @@ from tests.support.servers import free_port, prefect_home, redis_server, service
 from tests.support.servers import last_json as _last_json
 from tests.support.serving_tiny_model import build_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")
 # The team's real labelled set (never trained on): scored when present, as a user's --eval-data.
 INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"

@@ -12,14 +12,13 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import GATEWAY_OFF, free_port, prometheus_server, service
 from tests.support.serving_tiny_model import build_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "monitoring" / "prometheus" / "rules.yml"
 
 

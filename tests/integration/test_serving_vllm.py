@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import GATEWAY_OFF, free_port, service
 from tests.support.serving_tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("TUNELOOP_TEST_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 

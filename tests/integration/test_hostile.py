@@ -24,16 +24,15 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import free_port, service
 from tests.support.serving_tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-ROOT = Path(__file__).resolve().parents[1]
 PII_LINE = "Call me at +1 212-555-{:04d} or write to jane{}@mail-provider.org, card 4111 1111 1111 1111. "
 
 

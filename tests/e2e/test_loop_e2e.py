@@ -16,16 +16,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import BIN, GATEWAY_OFF, last_json, prefect_server
 from tests.support.servers import run_ok as run
 from tuneloop.ports import stop_process_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(BIN / "tuneloop")
 
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import sys
 import types
-from pathlib import Path
 
 import joblib
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.support import ROOT
 from tuneloop.gateway import filter_model as fm
 from tuneloop.gateway import filter_train as ft
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompt-injections" / "train.parquet"
+DATA = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"
 TARGET_FPR = 0.05
 SEED = 42  # gateway.filter_training.seed
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from tests.support.servers import prefect_home
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "train.jsonl"
 INJECTIONS = ROOT.parent / "shared" / "data" / "prompt-injections" / "train.parquet"
 needs_shift = pytest.mark.skipif(not INJECTIONS.exists(), reason=f"{INJECTIONS} is absent (the shifted traffic)")
