@@ -20,34 +20,29 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tuneloop.config import TuneloopConfig, load_config
+from tuneloop.gateway.filter_training import promote_filter, register_filter, train_filter
+from tuneloop.gateway.filter_training import score_champion as score_filter_champion
+from tuneloop.registry import PromotionConflict
+from tuneloop.tracking import numeric, setup_mlflow
 
 
 @task(cache_policy=NO_CACHE)
 def train(cfg: TuneloopConfig, out_dir: Path, data: Path | None, eval_data: Path | None = None):
-    from tuneloop.gateway.filter_training import train_filter
-
     return train_filter(cfg, out_dir, data, progress=get_run_logger().info, eval_data=eval_data)
 
 
 @task(cache_policy=NO_CACHE)
 def score_champion(cfg: TuneloopConfig, test_path: Path):
-    from tuneloop.gateway.filter_training import score_champion as score
-
-    return score(cfg, test_path)
+    return score_filter_champion(cfg, test_path)
 
 
 @task(cache_policy=NO_CACHE)
 def register_and_bless(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_metrics, champion_version):
-    from tuneloop.gateway.filter_training import register_filter
-
     return register_filter(cfg, run_id, metrics, champion_metrics, champion_version)
 
 
 @task(cache_policy=NO_CACHE)
 def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
-    from tuneloop.gateway.filter_training import promote_filter
-    from tuneloop.registry import PromotionConflict
-
     try:
         return promote_filter(cfg, version, blessing, champion_version), None
     except PromotionConflict as exc:
@@ -59,8 +54,6 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
 def filter_training_flow(config_path: str | None = None, data: str | None = None,
                          eval_data: str | None = None) -> dict[str, Any]:
     import mlflow
-
-    from tuneloop.tracking import numeric, setup_mlflow
 
     started = time.time()
     cfg = load_config(config_path)
