@@ -1,7 +1,7 @@
 """Packaging against the real thing: an MLflow sqlite registry holding a champion, the
 BentoML store under tmp_path, `bentoml build`, and infra validation with the real
 `bentoml serve`. A broken champion fails validation, is not marked deployed, and the
-bento deployed before stays deployed."""
+bento deployed before stays deployed. The same as a Prefect flow: tests/e2e/test_deploy_flow.py."""
 
 from __future__ import annotations
 
@@ -13,33 +13,13 @@ import pytest
 import yaml
 
 from tests.support import ROOT
-from tests.support.serving_tiny_model import build_tiny_model
+from tests.support.packaging import registry_with_champion
 from tuneloop.config import load_config
 from tuneloop.packaging import bento, common, deployment, server
 from tuneloop.ports import free_port
-from tuneloop.registry import TAG_DEPLOYED_BENTO, ModelRegistry
+from tuneloop.registry import TAG_DEPLOYED_BENTO
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def registry_with_champion(root: Path) -> dict:
-    """A config whose home holds an MLflow registry with a tiny model promoted to champion."""
-    from mlflow.tracking import MlflowClient
-
-    config = root / "tuneloop.yaml"
-    # One torch thread and two warm-up requests: the machine is small and shared.
-    config.write_text(f"paths: {{home: {root / 'home'}}}\nserving: {{warmup_requests: 2, num_threads: 1}}\n")
-    cfg = load_config(config, environ={})
-    cfg.home.mkdir(parents=True)
-    client = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
-    experiment = client.create_experiment("packaging", artifact_location=cfg.mlflow_artifact_location)
-    model_dir = build_tiny_model(root / "tiny")
-    registry = ModelRegistry.from_config(cfg)
-    run = client.create_run(experiment)
-    v1 = registry.register(run.info.run_id, model_dir)
-    registry.promote(v1, None, "test champion", require_blessed=False)
-    return {"cfg": cfg, "config": config, "client": client, "experiment": experiment, "registry": registry,
-            "model_dir": model_dir, "root": root, "v1": v1, "run1": run.info.run_id}
 
 
 @pytest.fixture(scope="module")
@@ -208,32 +188,6 @@ def test_gpu_bento_describes_a_cuda_image(setup):
     packaged = yaml.safe_load((bento_dir / "src" / "bentos" / "packaged_config.yaml").read_text())
     assert packaged["serving"]["engine"] == "vllm" and packaged["serving"]["vllm_python"] == "/opt/vllm/bin/python"
     assert "bentoml containerize " + tag in bento.containerize_command(cfg, tag)
-
-
-@pytest.mark.slow
-def test_deploy_flow_deploys_and_writes_an_artifact(tmp_path, monkeypatch):
-    from prefect.client.orchestration import get_client
-    from prefect.testing.utilities import prefect_test_harness
-
-    from flows.deploy import DeploymentFailed, deploy_champion_flow
-
-    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline: no telemetry attempts
-    s = registry_with_champion(tmp_path)
-    with prefect_test_harness(server_startup_timeout=180):
-        result = deploy_champion_flow(str(s["config"]), version=s["v1"])
-        assert result["deployed"] and result["bento_tag"] == deployment.deployed_bento(s["cfg"])
-        assert s["registry"].version(s["v1"]).tags[TAG_DEPLOYED_BENTO] == result["bento_tag"]
-        with get_client(sync_client=True) as client:
-            artifact = next(a for a in client.read_artifacts() if a.key == "deployment")
-        assert "**deployed**" in artifact.data and "bentoml containerize" in artifact.data
-
-        # A version that is not (or no longer) the champion is never marked deployed.
-        run = s["client"].create_run(s["experiment"])
-        v2 = s["registry"].register(run.info.run_id, s["model_dir"])
-        with pytest.raises(DeploymentFailed, match="not the champion"):
-            deploy_champion_flow(str(s["config"]), version=v2)
-        assert TAG_DEPLOYED_BENTO not in s["registry"].version(v2).tags
-        assert deployment.deployed_bento(s["cfg"]) == result["bento_tag"]
 
 
 def test_a_model_that_stops_at_once_passes_the_answer_check():

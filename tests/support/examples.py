@@ -16,4 +16,3 @@ def chat(example_id: str, question: str, answer: str) -> Example:
 
 def legacy(example_id: str, prompt: str, completion: str) -> Example:
     return Example(example_id=example_id, prompt=prompt, completion=completion, source_format="legacy")
-

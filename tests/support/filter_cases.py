@@ -49,4 +49,3 @@ BENIGN = [
     "Москва — столица России.",
     "The invoice number is 2026-0042 and the total is $5.",
 ]
-

@@ -87,4 +87,3 @@ def assert_clean(text: str, where: str) -> None:
     for secret in (PLANTED["openai key"], PLANTED["github token"]):
         for i in range(0, len(secret) - 8):
             assert secret[i:i + 8] not in text, f"part of a secret leaked in {where}"
-

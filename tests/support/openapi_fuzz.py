@@ -59,4 +59,3 @@ def fuzz_openai_routes(url: str, model_names: list[str], headers: dict | None = 
                 pass  # no invalid request exists for a route without parameters
     assert not failures, "\n".join(failures[:10])
     return seen
-

@@ -230,4 +230,3 @@ def run_engine(loaded, engine_name, specs, keep: list | None = None):
             engine.stop()
 
     return asyncio.run(main())
-
