@@ -56,7 +56,7 @@ demo:
 
 # The same loop on the real SmolLM2-135M-Instruct (LoRA fine-tune on the ticket-routing task the
 # project generates, data/tickets): long on a 2-core CPU, not part of CI (which keeps
-# tests/test_real_model.py).
+# tests/e2e/test_real_model.py).
 demo-smollm2: install
 	$(BIN)/tuneloop demo --config configs/smollm2.yaml
 

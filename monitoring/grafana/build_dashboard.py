@@ -1,7 +1,7 @@
 """Writes grafana/dashboards/tuneloop.json (run it after changing a panel; the JSON is
 committed so Grafana's provisioning reads it as is). The seed's three layers, top to bottom:
 infrastructure, service, model. Every expression is checked against a real Prometheus in
-tests/test_monitoring_prometheus.py."""
+tests/integration/test_monitoring_prometheus.py."""
 
 from __future__ import annotations
 
