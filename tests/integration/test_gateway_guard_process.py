@@ -104,12 +104,12 @@ def test_a_killed_or_hung_child_fails_its_calls_and_is_replaced(tmp_path, classi
 
 def test_the_gateway_checks_in_a_process_and_refuses_while_it_is_down(loaded, tmp_path, classifier_dir,
                                                                      monkeypatch):
-    import tuneloop.gateway.pipeline as pipeline
+    import tuneloop.gateway.filter_registry as filter_registry
     from tuneloop.api.app import create_app
     from tuneloop.gateway.pipeline import Gateway
 
     # The registry's answer (this test's classifier); what is tested is everything after it.
-    monkeypatch.setattr(pipeline, "registered_classifier_folder", lambda cfg, ref: (classifier_dir, "filter:1"))
+    monkeypatch.setattr(filter_registry, "registered_classifier_folder", lambda cfg, ref: (classifier_dir, "filter:1"))
     cfg = gateway_config(tmp_path, auth="off", checks_in="process",
                          filter={"classifier": "filter@champion", "timeout_s": 5.0, "classifier_action": "annotate"},
                          pii={"mode": "redact", "outputs": "redact", "timeout_s": 1.0})

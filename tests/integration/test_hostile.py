@@ -61,7 +61,7 @@ def _find(root_pid: int, marker: str):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from tuneloop.config import load_config
-    from tuneloop.gateway.pipeline import open_key_store
+    from tuneloop.gateway.keys import open_key_store
 
     tmp = tmp_path_factory.mktemp("hostile")
     # A context window of 16k positions: a 100 KB prompt passes the cheap bound and reaches

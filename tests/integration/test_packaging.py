@@ -59,7 +59,7 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     port = free_port()
     plan = deployment.serve_plan(cfg, port=port)
     assert "champion tuneloop-chat v1" in plan.what and "bentos.service:TuneloopLLM" in plan.argv
-    from tuneloop.gateway.pipeline import open_key_store
+    from tuneloop.gateway.keys import open_key_store
 
     _, key = open_key_store(cfg).create("packaging-test", "paid")  # `tuneloop keys create`, as a user would
     check = server.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source",

@@ -60,7 +60,7 @@ def logged(cfg, stream="requests") -> list[dict]:
 
 
 def make_key(cfg, tier="enterprise") -> tuple[str, str]:
-    from tuneloop.gateway.pipeline import open_key_store
+    from tuneloop.gateway.keys import open_key_store
 
     store = open_key_store(cfg)
     try:

@@ -12,7 +12,7 @@ import time
 
 from tuneloop.api.errors import error_response
 from tuneloop.api.handlers import CALL_KEY, HOOKS_KEY
-from tuneloop.gateway.pipeline import RequestGate
+from tuneloop.gateway.hook import RequestGate
 from tuneloop.hooks import CallHook, Hooks
 from tuneloop.requestlog.hook import RequestLogHook
 from tuneloop.requestlog.record import RequestRecord

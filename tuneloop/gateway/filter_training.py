@@ -181,7 +181,7 @@ def score_champion(cfg: TuneloopConfig, test_path: Path) -> tuple[str | None, di
     """(champion version, its metrics on this held-out split), or (None, None) without a champion."""
     import pandas as pd
 
-    from tuneloop.gateway.pipeline import load_registered_classifier
+    from tuneloop.gateway.filter_registry import load_registered_classifier
 
     name = cfg.gateway.filter_training.registered_model
     clf, model_id = load_registered_classifier(cfg, f"{name}@champion")

@@ -245,3 +245,14 @@ class KeyStore:
         if self._version_conn is not None:
             self._version_conn.close()
         self.engine.dispose()
+
+
+def key_store_url(cfg) -> str:
+    return cfg.gateway.key_store_url or f"sqlite:///{cfg.home / 'gateway' / 'keys.db'}"
+
+
+def open_key_store(cfg) -> KeyStore:
+    """The deployment's key store, as `tuneloop keys` and every server replica open it."""
+    g = cfg.gateway
+    pepper = load_pepper(cfg.resolve(g.pepper_file) if g.pepper_file else cfg.home / "gateway" / "pepper")
+    return KeyStore(key_store_url(cfg), pepper, g.key_prefix, tiers=list(g.tiers))
