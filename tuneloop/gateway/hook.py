@@ -88,7 +88,9 @@ class RequestGate(CallHook):
         costs one round trip, a miss takes nothing and its unit goes with the reservation.
         Redis trouble bypasses the cache (the unit is then still owed)."""
         cache = self.gateway.cache
+        assert cache is not None, "looked up only when the cache is on (lookup)"
         if self.request_pending and cache.local is None and isinstance(self.gateway.limiter, RedisLimiter):
+            assert self.key is not None, "a request unit is pending only for a key"
             try:
                 decision, raw = await self.gateway.limiter.acquire_if_cached(self.key.id, self.gateway.limits_for(self.key),
                                                                      cache.namespace + key)
@@ -96,7 +98,7 @@ class RequestGate(CallHook):
                 cache.on_event("bypass")
                 return None
             hit = cache.found(raw)
-            if hit is not None:
+            if hit is not None and decision is not None:  # a hit comes with its decision
                 self.request_pending = False
                 self._decided(decision, 1, 0)
             return hit
@@ -159,13 +161,14 @@ class RequestGate(CallHook):
         return hit
 
     async def store(self, call, value: dict) -> None:
-        if self.cache_key is None:
+        cache = self.gateway.cache
+        if self.cache_key is None or cache is None:  # a key is made only when the cache is on
             return
         if call.prompt_redacted:
             # The prompt as this policy redacted it for the log: a hit on this entry (same
             # request, same policy: the key carries both) logs it without analysing it again.
             value = {**value, "log": {"prompt": call.prompt, "pii_entities": sorted(set(self.pii_found))}}
-        await self.gateway.cache.put(self.cache_key, value)
+        await cache.put(self.cache_key, value)
 
     # ---- prompts ------------------------------------------------------------------------
     async def screen_prompts(self, call, texts: list[str], roles: list[str] | None) -> list[str]:
@@ -204,8 +207,10 @@ class RequestGate(CallHook):
         return self.gateway.pii is not None and self.gateway.config.pii.mode == "redact"
 
     async def check_content(self, texts: list[str], where: str, classify: bool = True) -> list[Verdict]:
+        content_filter = self.gateway.filter
+        assert content_filter is not None, "checked only when the filter is on"
         try:
-            verdicts = await self.gateway.filter.check(texts, classify)
+            verdicts = await content_filter.check(texts, classify)
         except Exception as exc:  # the classifier failed or timed out: refuse, never pass unchecked
             log.error("content filter failed: %s: %s", type(exc).__name__, exc)
             raise GuardUnavailable("the content filter could not check this request; retry shortly") from None

@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from typing import Any
 
 from tuneloop.gateway.cache import ResultCache
 from tuneloop.gateway.content_filter import ContentFilter
@@ -111,7 +112,7 @@ class Gateway:
         """Everything the config asks for. Raises ServingSetupError-style exceptions with a
         one-line reason when a part cannot start (the server then does not start)."""
         g = cfg.gateway
-        metrics = metrics or _NoMetrics()
+        counted: Any = metrics or _NoMetrics()
         home = cfg.home / "gateway"
         keys = None
         if g.auth == "on":
@@ -122,8 +123,8 @@ class Gateway:
         health = None
         if g.redis_url:
             health = RedisHealth(g.redis_url, g.redis_timeout_s, g.breaker_failures, g.breaker_reset_s,
-                                 on_change=lambda state: metrics.circuit.set(CIRCUIT_VALUES[state]))
-            limiter = RedisLimiter(health, g.on_redis_error)
+                                 on_change=lambda state: counted.circuit.set(CIRCUIT_VALUES[state]))
+            limiter: RedisLimiter | MemoryLimiter = RedisLimiter(health, g.on_redis_error)
         else:
             limiter = MemoryLimiter()
             if keys is not None:
@@ -131,8 +132,9 @@ class Gateway:
         cache = None
         if g.cache.enabled:
             cache = ResultCache(g.cache.ttl_s, g.cache.max_entries, health,
-                                on_event=lambda kind: metrics.cache.labels(result=kind).inc())
-        pii = guard = None
+                                on_event=lambda kind: counted.cache.labels(result=kind).inc())
+        pii: Any = None
+        guard = None
         settings = None
         if g.pii.mode != "off" or g.pii.outputs != "off":
             settings = g.pii
@@ -147,7 +149,7 @@ class Gateway:
             guard = GuardProcess({"pii": None if settings is None else settings.model_dump(mode="json"),
                                   "cache_dir": str(home), "key_prefix": g.key_prefix,
                                   "classifier": None if folder is None else str(folder)}, name="gateway-checks")
-            guard.on_cpu.update(find=metrics.cpu.labels(part="pii").inc, scores=metrics.cpu.labels(part="filter").inc)
+            guard.on_cpu.update(find=counted.cpu.labels(part="pii").inc, scores=counted.cpu.labels(part="filter").inc)
             guard.start()
         if settings is not None:
             from tuneloop.gateway.remote_pii import RemotePiiRedactor
@@ -157,8 +159,8 @@ class Gateway:
                 pii = RemotePiiRedactor(settings, guard, key_prefix=g.key_prefix)
             else:
                 pii = PiiRedactor(settings, home, key_prefix=g.key_prefix)
-                pii.on_cpu = metrics.cpu.labels(part="pii").inc
-        content_filter = build_content_filter(cfg, metrics, (folder, model_id), guard)
+                pii.on_cpu = counted.cpu.labels(part="pii").inc
+        content_filter = build_content_filter(cfg, counted, (folder, model_id), guard)
         return cls(g, keys, limiter, cache, pii, content_filter, metrics, health, guard)
 
     async def warm_up(self) -> None:
