@@ -80,6 +80,7 @@ class ResultCache:
         if self.local is not None:
             raw = self.local.get(key)
         else:
+            assert self.health is not None  # no local store: the entries are in Redis
             try:
                 raw = await self.health.call(self.health.client.get(self.namespace + key))
             except RedisUnavailable:
@@ -97,6 +98,7 @@ class ResultCache:
         if self.local is not None:
             self.local.put(key, raw, self.ttl_s)
             return
+        assert self.health is not None  # no local store: the entries are in Redis
         try:
             await self.health.call(self.health.client.set(self.namespace + key, raw, px=int(self.ttl_s * 1000)))
         except RedisUnavailable:

@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import re
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -72,8 +73,8 @@ class MicroBatcher:
     awaited, a plain one runs in a worker thread); what arrives meanwhile waits (at most
     max_latency_s more) and joins the next batch."""
 
-    def __init__(self, fn: Callable[[list], Sequence], max_batch_size: int, max_latency_s: float,
-                 on_batch: Callable[[int], None] | None = None):
+    def __init__(self, fn: Callable[[list], Sequence] | Callable[[list], Awaitable[Sequence]], max_batch_size: int,
+                 max_latency_s: float, on_batch: Callable[[int], None] | None = None):
         self.fn = fn
         self._awaitable = inspect.iscoroutinefunction(fn)
         self.max_batch_size = max_batch_size
@@ -103,9 +104,11 @@ class MicroBatcher:
             try:
                 items = [item for item, _ in batch]
                 if self._awaitable:
-                    results = await self.fn(items)
+                    pending = self.fn(items)
+                    assert isinstance(pending, Awaitable)  # a coroutine function's call: a coroutine
+                    results = await pending
                 else:
-                    results = await asyncio.to_thread(self.fn, items)
+                    results = await asyncio.to_thread(self._call_plain, items)
             except Exception as exc:
                 for _, fut in batch:
                     if not fut.done():
@@ -114,6 +117,12 @@ class MicroBatcher:
             for (_, fut), result in zip(batch, results):
                 if not fut.done():
                     fut.set_result(result)
+
+    def _call_plain(self, items: list) -> Sequence:
+        """fn(items) for a plain (not coroutine) function: in the worker thread."""
+        results = self.fn(items)
+        assert not isinstance(results, Awaitable)  # not a coroutine function: its results themselves
+        return results
 
 
 class ContentFilter:

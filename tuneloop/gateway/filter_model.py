@@ -36,13 +36,17 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
 from tuneloop.cpu_turns import CPU_TURNS
 from tuneloop.embeddings import ENCODER_PACKAGE, StaticEmbeddings, embed, encoder_path, load_encoder
 from tuneloop.gateway.normalize import screening_views
+
+if TYPE_CHECKING:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +119,11 @@ class _Head:
         self.cfg = {k: cfg[k] for k in ("C", "class_weight", "char_ngram", "char_min_df", "word_ngram",
                                         "embedding_weight")}
         self.use_tfidf = use_tfidf
-        self.char = self.word = self.lr = None
-        self.screen_lr = None
+        # fitted by filter_train.fit_head: char and word with use_tfidf, lr always, screen_lr with a screen
+        self.char: TfidfVectorizer | None = None
+        self.word: TfidfVectorizer | None = None
+        self.lr: LogisticRegression | None = None
+        self.screen_lr: LogisticRegression | None = None
 
     def sparse(self, texts):
         """The TF-IDF blocks of these texts (None without TF-IDF)."""
@@ -124,6 +131,7 @@ class _Head:
 
         if not self.use_tfidf:
             return None
+        assert self.char is not None and self.word is not None  # fitted whenever use_tfidf
         return sp.hstack([self.char.transform(texts), self.word.transform(texts)], format="csr")
 
     def _matrix(self, sparse, dense):
@@ -138,6 +146,7 @@ class _Head:
         regression's own arithmetic (_LinearScorer)."""
         if sparse is None:
             return self._scorer("lr").predict(list(texts), dense)
+        assert self.lr is not None  # a head is used only once fitted
         return self.lr.predict_proba(self._matrix(sparse, dense))[:, 1].astype(np.float64)
 
     def _scorer(self, which: str) -> "_LinearScorer":
@@ -177,6 +186,7 @@ class _LinearScorer:
         start = 0
         if head.use_tfidf:
             for vec in (head.char, head.word):
+                assert vec is not None  # fitted whenever use_tfidf
                 n = len(vec.vocabulary_)
                 idf = np.asarray(vec.idf_, dtype=np.float64)
                 w = coef[start:start + n]

@@ -69,7 +69,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -85,6 +85,9 @@ from tuneloop.embeddings import (
 # _Head keeps its underscore: head.joblib files name the class tuneloop.gateway.filter_model._Head.
 from tuneloop.gateway.filter_model import InjectionClassifier, _Head, dense_features
 from tuneloop.gateway.normalize import screening_views
+
+if TYPE_CHECKING:
+    import pandas
 
 METHODS = ("hybrid", "baseline", "finetune")
 DEFAULT_METHOD = "hybrid"
@@ -145,7 +148,7 @@ def _say(progress: Progress, message: str) -> None:
 # data
 
 
-def load_labelled(path) -> "pandas.DataFrame":  # noqa: F821
+def load_labelled(path) -> pandas.DataFrame:
     """A labelled set (parquet, CSV, JSONL/JSON) as a DataFrame with columns text (str) and
     label (int, 1 = injection). ValueError when columns are missing, a text is not a string,
     a label is not 0/1, or nothing is left."""
@@ -168,7 +171,7 @@ def load_labelled(path) -> "pandas.DataFrame":  # noqa: F821
     return validate_labelled(df, source=str(path))
 
 
-def validate_labelled(df, source: str = "labelled set") -> "pandas.DataFrame":  # noqa: F821
+def validate_labelled(df, source: str = "labelled set") -> pandas.DataFrame:
     """The checks of load_labelled on a DataFrame: a copy with text (str) and label (int 0/1)."""
     import pandas as pd
 
@@ -201,7 +204,7 @@ def validate_labelled(df, source: str = "labelled set") -> "pandas.DataFrame":  
     return out
 
 
-def deduplicate(df) -> tuple["pandas.DataFrame", dict[str, int]]:  # noqa: F821
+def deduplicate(df) -> tuple[pandas.DataFrame, dict[str, int]]:
     """Exact-duplicate texts collapsed to one row (first kept); a text labelled both ways
     keeps label 1 (the filter errs towards flagging). Returns (frame, counts)."""
     df = validate_labelled(df)
@@ -411,6 +414,7 @@ def _extra_view_scores(head: "_Head", model, extra: list[list[str]], rows: np.nd
         return out
     flat = [x for xs in extra for x in xs]
     view_texts = [flat[j] for _, j in picked]
+    dense: np.ndarray | None
     if dense_extra is not None:
         dense = dense_extra[[j for _, j in picked]]
     else:
@@ -467,7 +471,11 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
     for k, (tr, va) in enumerate(skf.split(texts, labels)):
         head, enc = _fit(method, texts[tr], labels[tr], cfg, seed + k + 1, progress,
                          dense=None if dense is None else dense[tr], label=f" fold {k + 1}/{folds}")
-        dva = dense[va] if enc is None else dense_features(enc, list(texts[va]), cfg)
+        if enc is None:
+            assert dense is not None  # no encoder of its own: a frozen-feature method, computed above
+            dva = dense[va]
+        else:
+            dva = dense_features(enc, list(texts[va]), cfg)
         oof[va] = head.predict(list(texts[va]), dva)
         oof[va] = np.maximum(oof[va], _extra_view_scores(head, enc if enc is not None else features, extra, va, cfg,
                                                               dense_extra))

@@ -110,6 +110,7 @@ class GuardProcess:
         self._wake()
         proc = self._proc
         if proc is not None:
+            assert proc.stdin is not None  # _spawn opens every child with stdin=PIPE
             try:
                 proc.stdin.close()
                 proc.wait(5)
@@ -237,6 +238,7 @@ class GuardProcess:
                 self._pending[rid] = (op, fut, proc)
                 if len(self._pending) == 1:
                     self._last_answer = time.monotonic()  # the wait for an answer starts now
+            assert proc.stdin is not None  # _spawn opens every child with stdin=PIPE
             try:
                 proc.stdin.write(json.dumps({"id": rid, "op": op, "payload": payload}, ensure_ascii=False).encode()
                                  + b"\n")
@@ -263,7 +265,8 @@ class GuardProcess:
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                     start_new_session=True)
         except OSError as exc:
-            return self._start_failed(f"{type(exc).__name__}: {exc}")
+            self._start_failed(f"{type(exc).__name__}: {exc}")
+            return None
         line = _read_line(proc, self.start_timeout_s)
         try:
             hello = json.loads(line) if line else {}
@@ -274,7 +277,8 @@ class GuardProcess:
                                          if proc.poll() is None else "it exited")
             proc.kill()
             proc.wait()
-            return self._start_failed(why)
+            self._start_failed(why)
+            return None
         self._proc, self.info, self._start_error = proc, hello, None
         threading.Thread(target=self._read_loop, args=(proc,), daemon=True, name=f"tuneloop-{self.name}-reader").start()
         self.ready.set()
@@ -289,17 +293,19 @@ class GuardProcess:
         log.error("%s process: could not start: %s", self.name, why)
 
     def _read_loop(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None  # _spawn opens every child with stdout=PIPE
         for line in proc.stdout:
             try:
                 reply = json.loads(line)
             except ValueError:
                 continue
             with self._lock:
-                op, fut, _ = self._pending.pop(reply.get("id"), (None, None, None))
+                owed = self._pending.pop(reply.get("id"), None)
                 self._last_answer = time.monotonic()
             self._wake()  # room for the next call
-            if fut is None:
+            if owed is None:
                 continue
+            op, fut, _ = owed
             on_cpu = self.on_cpu.get(op)
             if on_cpu is not None and "cpu" in reply:
                 on_cpu(float(reply["cpu"]))
@@ -368,6 +374,7 @@ def _settle(fut: Future, result=None, error: Exception | None = None) -> None:
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> bytes:
     """The child's first line, or b"" if it says nothing within timeout_s (or exits)."""
+    assert proc.stdout is not None  # _spawn opens every child with stdout=PIPE
     fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout_s
     buf = b""

@@ -45,7 +45,7 @@ import time
 import unicodedata
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypedDict
 
 SEED = 20261203
 LANGS = ("en", "de", "fr", "es", "it", "nl", "pt", "pl", "hr", "ru", "tr")
@@ -915,7 +915,7 @@ OVR = {
 
 def _override(rng: random.Random, lang: str) -> str:
     spec = OVR[lang]
-    fills = {**FILLS[lang], "o": spec["core"], "g": spec["goal"], "p": OPENERS[lang] + [""] * 4,
+    fills: dict[str, list[str]] = {**FILLS[lang], "o": spec["core"], "g": spec["goal"], "p": OPENERS[lang] + [""] * 4,
              "q": [_carrier(rng, lang)], **{k: spec[k] for k in ("oi", "gi") if k in spec}}
     return _tidy(_fill(rng, rng.choice(spec["form"]), fills))
 
@@ -2289,11 +2289,18 @@ def _hard_negative(rng: random.Random, lang: str) -> str:
     return _fill(rng, rng.choice(HARD[lang]["t"]), {**FILLS[lang], **HARD["en"], **HARD[lang]})
 
 
+class _Personal(TypedDict):
+    field: list[tuple[str, list[str]]]  # (field name, values it may take)
+    sentence: list[str]
+    open: list[str]
+    close: list[str]
+
+
 # Ordinary messages that carry personal details: people paste their contact and payment data
 # into requests, and the gateway screens prompts after its PII redaction, so the classifier
 # sees them both ways ("my email is <EMAIL_ADDRESS>"). Values are reserved documentation ones
 # (example.com, 555-01xx numbers, test card and IBAN numbers, TEST-NET addresses).
-PERSONAL = {
+PERSONAL: dict[str, _Personal] = {
     "en": {
         "field": [("email", ["jane.doe@example.com", "support@example.org", "<EMAIL_ADDRESS>", "<EMAIL_ADDRESS>"]),
                   ("phone number", ["+1 212-555-0142", "(555) 010-4477", "<PHONE_NUMBER>", "<PHONE_NUMBER>"]),
@@ -2849,7 +2856,8 @@ TOT_INLINE = {
     "de": ["Geht es in dieser {noun} um {x}?", "Welches Team ist zuständig: {x}?", "Gehört die {noun} zu {x}?",
            "Wer soll die {noun} bearbeiten, {x}?"],
 }
-TOT_OPTS = {
+_TotOpts = TypedDict("_TotOpts", {"list": list[str], "or": str})  # "or" is a keyword: functional form
+TOT_OPTS: dict[str, _TotOpts] = {
     "en": {"list": ["Choose from: {x}.", "Possible labels: {x}", "Categories: {x}", "Options: {x}",
                     "Answer with one of: {x}.", "Allowed answers: {x}", "Pick one of these: {x}."],
            "or": " or "},
@@ -3230,6 +3238,7 @@ def _task_text(rng: random.Random, lang: str, inject: bool, manip: bool = False)
         mode = "letters" if r < 0.4 else mode
     inline = optsets is not None and mode in ("list", "either") and r > 0.7
     if inline:
+        assert optsets is not None  # inline is only ever true with an option set
         opts = list(rng.choice(optsets))
         rng.shuffle(opts)
         questions = [rng.choice(TOT_INLINE[lang]).replace(

@@ -30,8 +30,12 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tuneloop.gateway.redis_health import RedisHealth, RedisUnavailable
+
+if TYPE_CHECKING:
+    from tuneloop.gateway.redis_pipe import Script
 
 WINDOW_S = 60.0
 REFUND_DELAY_S = 0.05  # longest a refund waits for the key's next call (RedisLimiter)
@@ -199,7 +203,7 @@ class RedisLimiter:
         self.on_error = on_error
         self.namespace = namespace
         self.fallback = MemoryLimiter(source="fallback")
-        self._script = None
+        self._script: Script | None = None  # registered at the first call
         self._refunds: dict[str, list] = {}  # key -> [limits, tokens]: refunds not sent yet
         self._flush: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task] = set()

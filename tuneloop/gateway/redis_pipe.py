@@ -44,6 +44,7 @@ class _Protocol(asyncio.Protocol):
             try:
                 parsed = _parse(self._buf, pos)
             except ValueError as exc:  # not RESP: nothing on this connection can be trusted
+                assert self.transport is not None  # data comes only after connection_made
                 self.transport.close()
                 self._fail(ConnectionError(f"unreadable reply from Redis: {exc}"))
                 return
@@ -159,20 +160,23 @@ class RedisPipe:
             if self.db:
                 await self._send(conn, ["SELECT", self.db])
         except BaseException:
+            assert conn.transport is not None  # create_connection returns it connected
             conn.transport.close()
             raise
         self._conn = conn
         return conn
 
     async def _send(self, conn: _Protocol, args):
+        transport = conn.transport
+        assert transport is not None  # conn comes from _connect: connected
         fut = asyncio.get_running_loop().create_future()
         conn.waiting.append(fut)
-        conn.transport.write(_pack(args))
+        transport.write(_pack(args))
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await fut
         except TimeoutError:
-            conn.transport.close()  # no answer in time: the connection goes, with all it owes
+            transport.close()  # no answer in time: the connection goes, with all it owes
             raise
 
     async def execute(self, *args):
