@@ -39,6 +39,7 @@ from pathlib import PurePosixPath
 from typing import Any, Callable
 
 from tuneloop.config import REPO_ROOT, TrainingK8sConfig
+from tuneloop.training import launch
 from tuneloop.training.launch import LOG_TAIL_LINES, TrainingError, TrainResult, TrainSpec
 
 TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
@@ -410,9 +411,7 @@ def run_training(spec: TrainSpec, k8s: TrainingK8sConfig | None, on_log: Callabl
     """launch_training or submit_training, as k8s.compute says (the flow's one call)."""
     if k8s is not None and k8s.compute == "kubernetes":
         return submit_training(k8s, spec, on_log=on_log)
-    from tuneloop.training.launch import launch_training
-
-    return launch_training(spec, on_log=on_log)
+    return launch.launch_training(spec, on_log=on_log)  # looked up at call time: tests stand in for it
 
 
 __all__ = ["TrainingK8sConfig", "KubeClients", "render_job", "render_trainjob", "render_pytorchjob",

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from tuneloop.config import REPO_ROOT, ConfigError, TrainingConfig, TuneloopConfig, _format_errors
 from tuneloop.ports import free_port
+from tuneloop.training.recipe import auto_recipe, count_rows
 
 SPEC_FILE = "spec.json"
 RESULT_FILE = "train_result.json"
@@ -147,8 +148,6 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
     notes: list[str] = []
     candidates = cfg.training.candidates
     if cfg.training.recipe == "auto":
-        from tuneloop.training.recipe import auto_recipe, count_rows
-
         chosen, searched, notes = auto_recipe(cfg.training, count_rows(train_path), start_from or cfg.base_model_ref)
         section = _merge(section, chosen)
         candidates = candidates or searched

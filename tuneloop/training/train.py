@@ -26,6 +26,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tuneloop.data.dataset import read_examples as read_dataset
+from tuneloop.data.formats import DataError
 from tuneloop.formatting import IGNORE_INDEX, encode_example
 from tuneloop.training.launch import TrainingError, TrainSpec
 
@@ -43,11 +45,8 @@ def log(msg: str) -> None:
 
 
 def read_examples(path: str):
-    from tuneloop.data.dataset import read_examples as read
-    from tuneloop.data.formats import DataError
-
     try:
-        return read(path)
+        return read_dataset(path)
     except DataError as exc:
         raise TrainingError(str(exc)) from None
 
