@@ -33,6 +33,7 @@ same chat template, same cleaning): a model passes here exactly when it would an
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections import defaultdict
@@ -43,9 +44,9 @@ from typing import Annotated, Any, Callable, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuneloop.config import ConfigError, EvaluationConfig
+from tuneloop.config import ConfigError, EvaluationConfig, load_config
 from tuneloop.data.schema import ROLES, Example
-from tuneloop.evaluation import STOP_TOKENS, normalize_answer
+from tuneloop.evaluation import STOP_TOKENS, generate_answers, load_for_eval, metric_key, normalize_answer
 
 KINDS = ("mft", "inv", "dir")
 
@@ -409,8 +410,6 @@ def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str],
     (BehaviourResult.to_dict() shape: the cases of all suites that ran, their metrics pooled,
     behaviour_pass_rate/suite:<name> per suite) plus "skipped": [{suite, reason}] and "ran":
     [{suite, reason}]. No suite ran: no behaviour_* metrics (blessing skips their thresholds)."""
-    from tuneloop.evaluation import generate_answers, load_for_eval, metric_key
-
     loaded = [s if isinstance(s, BehaviourSuite) else load_suite(s) for s in suites]
     chosen, skipped, ran = [], [], []
     for suite in loaded:
@@ -435,8 +434,6 @@ def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str],
 def run_suite(model_ref: str | Path, suite: BehaviourSuite | Path | str, cfg: EvaluationConfig) -> BehaviourResult:
     """Score the model at `model_ref` on `suite` (a BehaviourSuite or its YAML file), answering
     through evaluation's generation pass with cfg's batch_size and max_new_tokens."""
-    from tuneloop.evaluation import generate_answers, load_for_eval
-
     if not isinstance(suite, BehaviourSuite):
         suite = load_suite(suite)
     model, tokenizer = load_for_eval(model_ref)
@@ -445,10 +442,6 @@ def run_suite(model_ref: str | Path, suite: BehaviourSuite | Path | str, cfg: Ev
 
 def main(argv: list[str] | None = None) -> int:
     """python -m tuneloop.behaviour MODEL [--suite F] [--config F] [--json]: score one saved model."""
-    import argparse
-
-    from tuneloop.config import load_config
-
     parser = argparse.ArgumentParser(description="Run a behaviour suite on one model (a saved folder or hub id).")
     parser.add_argument("model")
     parser.add_argument("--config", help="config file (default configs/default.yaml): its evaluation section")

@@ -7,6 +7,7 @@ no transformer pass (the content filter on the serving path).
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -144,8 +145,6 @@ class StaticEmbeddings:
         return out
 
     def save(self, directory: Path) -> Path:
-        import shutil
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         np.save(directory / self.TABLE, self.table)

@@ -38,8 +38,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from tuneloop.config import EvaluationConfig
 from tuneloop.data.schema import Example
+from tuneloop.formatting import IGNORE_INDEX, clean_completion, context_window, encode_example, prompt_ids, prompt_text
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")  # besides the tokenizer's own eos
 
@@ -226,8 +229,6 @@ def load_for_eval(model_ref: str | Path):
 
 
 def _context_length(model) -> int:
-    from tuneloop.formatting import context_window
-
     return context_window(model.config) or 2048
 
 
@@ -246,8 +247,6 @@ def _eval_loss(model, tokenizer, examples, batch_size: int, max_length: int, bar
     ids of examples cut to fit max_length."""
     import torch
     import torch.nn.functional as F
-
-    from tuneloop.formatting import IGNORE_INDEX, encode_example
 
     device = next(model.parameters()).device
     encoded, cut = [], set()
@@ -285,8 +284,6 @@ def _eval_loss(model, tokenizer, examples, batch_size: int, max_length: int, bar
 def _generate(model, tokenizer, examples, batch_size: int, max_new_tokens: int, bar):
     """Greedy completions in original order, their token counts, and seconds spent generating."""
     import torch
-
-    from tuneloop.formatting import clean_completion, prompt_ids
 
     device = next(model.parameters()).device
     stop = _stop_ids(tokenizer)
@@ -330,8 +327,6 @@ def _generate(model, tokenizer, examples, batch_size: int, max_new_tokens: int, 
 def generate_answers(model, tokenizer, examples: list[Example], cfg: EvaluationConfig) -> list[str]:
     """Greedy, cleaned answers to `examples` in their order: evaluate_model's generation pass,
     for checks that must answer exactly as the evaluation does (tuneloop/behaviour.py)."""
-    from tqdm.auto import tqdm
-
     with tqdm(total=len(examples), disable=True) as bar:
         texts, _, _, _ = _generate(model, tokenizer, examples, cfg.batch_size, cfg.max_new_tokens, bar)
     return texts
@@ -349,10 +344,6 @@ def evaluate_model(
     max_length: longest sequence in the loss pass (longer examples keep their end, so the
     completion is always scored). None: the model's context length.
     """
-    from tqdm.auto import tqdm
-
-    from tuneloop.formatting import clean_completion, prompt_text
-
     if cfg.max_examples is not None:
         examples = examples[: cfg.max_examples]
     if not examples:

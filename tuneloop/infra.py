@@ -19,13 +19,16 @@ upstream CRDs, whose embedded pod templates refer to the same Kubernetes definit
 from __future__ import annotations
 
 import copy
+import importlib.resources
 import json
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
+from referencing import Registry, Resource
 
 from tuneloop.config import REPO_ROOT
 
@@ -287,8 +290,6 @@ def manifest_key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
 
 @lru_cache(maxsize=None)
 def _k8s_definitions(version: str) -> dict[str, Any]:
-    import importlib.resources
-
     path = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema" / \
         f"v{version}-local-strict" / "_definitions.json"
     return json.loads(path.read_text())
@@ -297,9 +298,6 @@ def _k8s_definitions(version: str) -> dict[str, Any]:
 @lru_cache(maxsize=None)
 def crd_validator(api_version: str, kind: str, version: str = K8S_VERSION):
     """A jsonschema validator for a custom resource, its Kubernetes references resolved to `version`."""
-    import jsonschema
-    from referencing import Registry, Resource
-
     schema = json.loads((CRD_SCHEMA_DIR / CRD_SCHEMAS[(api_version, kind)]).read_text())
     registry = Registry().with_resource(K8S_DEFINITIONS_ID, Resource.from_contents(_k8s_definitions(version)))
     cls = jsonschema.validators.validator_for(schema)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuneloop.blessing import Blessing
+from tuneloop.privacy import redact
 
 # Shown first and in this order; any other numeric metric follows alphabetically.
 METRIC_ORDER = [
@@ -121,8 +122,6 @@ def _safe_name(label: str) -> str:
 
 def redacted(predictions: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """Every text of every row but its id through tuneloop.privacy.redact: what people see."""
-    from tuneloop.privacy import redact
-
     def row_of(row: dict[str, Any]) -> dict[str, Any]:
         return {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in row.items()}
 

@@ -140,6 +140,7 @@ def _prompt_groups(examples: list[Example], threshold: float | None) -> list[int
     if threshold is None:
         ids: dict[str, int] = {}
         return [ids.setdefault(e.prompt_hash, len(ids)) for e in examples]
+    # deferred: datasketch (0.6 s), only with a near-duplicate threshold
     from tuneloop.data.neardup import near_duplicate_groups
 
     groups = near_duplicate_groups([e.prompt_text for e in examples], threshold)

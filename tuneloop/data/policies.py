@@ -26,6 +26,7 @@ from typing import Callable
 from tuneloop.config import TuneloopConfig, ValidationConfig
 from tuneloop.data.schema import Example, Reject
 from tuneloop.privacy.personal import find_pii, is_fictional_phone, is_reserved_email
+from tuneloop.privacy.redactor import PiiRedactor
 from tuneloop.privacy.secrets import find_secrets
 
 OVERLONG = "overlong"
@@ -232,8 +233,6 @@ def apply_pii_policy(examples: list[Example], cfg: ValidationConfig,
 def presidio_redactor(cfg: TuneloopConfig) -> Callable[[str], str]:
     """text -> text with REDACTED_ENTITIES replaced by <ENTITY_TYPE>: the gateway's redactor, its
     settings (threshold, blank spaCy pipeline) and cache folder, the gate's reserved values kept."""
-    from tuneloop.privacy.redactor import PiiRedactor
-
     settings = cfg.gateway.pii.model_copy(update={"entities": REDACTED_ENTITIES})
     if settings.spacy_model_dir is not None:
         settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
