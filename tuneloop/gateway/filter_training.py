@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from tuneloop.blessing import bless
 from tuneloop.config import TuneloopConfig
+from tuneloop.gateway.filter_registry import load_registered_classifier
 from tuneloop.gateway.filter_train import (
     confusion_matrix_figure,
     evaluate_classifier,
@@ -180,8 +181,6 @@ def _fmt(v) -> str:
 def score_champion(cfg: TuneloopConfig, test_path: Path) -> tuple[str | None, dict[str, float] | None]:
     """(champion version, its metrics on this held-out split), or (None, None) without a champion."""
     import pandas as pd
-
-    from tuneloop.gateway.filter_registry import load_registered_classifier
 
     name = cfg.gateway.filter_training.registered_model
     clf, model_id = load_registered_classifier(cfg, f"{name}@champion")

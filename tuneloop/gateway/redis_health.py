@@ -15,6 +15,8 @@ import logging
 import time
 from typing import Callable
 
+from tuneloop.gateway.redis_pipe import RedisPipe
+
 log = logging.getLogger("bentoml.tuneloop.gateway")
 
 
@@ -27,8 +29,6 @@ class RedisHealth:
 
     def __init__(self, url: str, timeout_s: float = 0.25, failures: int = 3, reset_s: float = 5.0,
                  on_change: Callable[[str], None] | None = None):
-        from tuneloop.gateway.redis_pipe import RedisPipe
-
         self.url = url
         self.timeout_s = timeout_s
         # One pipelined connection (redis_pipe.py): no pool to run dry in a burst, and a

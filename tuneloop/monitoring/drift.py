@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from tuneloop.embeddings import embed, encoder_path, load_encoder
+
 DESCRIPTORS = ("text_length", "word_count", "sentence_count", "non_letter_pct")
 EMBEDDINGS = "embeddings"
 
@@ -74,8 +76,6 @@ _EMBEDDED: dict[int, object] = {}  # the last few embedded text lists (a referen
 
 
 def _embed(texts: Sequence[str]):
-    from tuneloop.embeddings import embed, encoder_path, load_encoder
-
     key = hash(tuple(texts))
     hit = _EMBEDDED.get(key)
     if hit is None:

@@ -16,6 +16,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+LATEST = "latest.json"  # in <home>/monitoring: the latest run's scores (monitoring/run.py writes it)
 OBJECTIVES = ("ttft_p95_s", "e2e_p95_s", "error_rate", "filter_rejection_rate", "rate_limited_rate")
 
 

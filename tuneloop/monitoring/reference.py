@@ -9,7 +9,9 @@ import random
 import tempfile
 from pathlib import Path
 
+from tuneloop.data.dataset import prepare_dataset
 from tuneloop.monitoring.texts import example_text
+from tuneloop.registry import ModelRegistry
 
 ARTIFACT_DIR = "monitoring"
 ARTIFACT = f"{ARTIFACT_DIR}/reference.jsonl"
@@ -35,8 +37,6 @@ def log_reference(run_id: str, examples, n: int, tracking_uri: str) -> int:
 def load_reference(cfg) -> tuple[list[str], dict]:
     """(texts, where they came from) for the current champion; without a champion (or one
     trained before references were kept), the configured training set, and it says so."""
-    from tuneloop.registry import ModelRegistry
-
     registry = ModelRegistry.from_config(cfg)
     champion = registry.champion()
     if champion is not None and champion.run_id:
@@ -51,8 +51,6 @@ def load_reference(cfg) -> tuple[list[str], dict]:
                            "run_id": champion.run_id}
         except Exception:  # noqa: BLE001 - an older version without the artifact
             pass
-    from tuneloop.data.dataset import prepare_dataset
-
     prepared = prepare_dataset(cfg)
     texts = reference_texts(prepared.train, cfg.monitoring.drift.reference_rows)
     return texts, {"source": "data.train_path", "path": str(cfg.resolve(cfg.data.train_path)),

@@ -5,19 +5,24 @@ the SLOs; reports written; the events to emit decided (and emitted by the caller
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from tuneloop.data.formats import load_file
 from tuneloop.monitoring.drift import compute_drift, drift_report_html
+from tuneloop.monitoring.exporter import LATEST  # the scores the bento exports as Prometheus gauges
 from tuneloop.monitoring.reference import load_reference
 from tuneloop.monitoring.slo import GENERATION_ROUTES, service_health
 from tuneloop.monitoring.texts import record_text
+from tuneloop.registry import ModelRegistry
+from tuneloop.requestlog.feedback import export_feedback_dataset
+from tuneloop.requestlog.store import parse_since, read_records
 
 RETRAIN_EVENT = "tuneloop.retrain.requested"
 SLO_EVENT = "tuneloop.slo.breached"
-LATEST = "latest.json"  # the scores the bento exports as Prometheus gauges
 
 
 def _stamp(t: datetime) -> str:
@@ -44,11 +49,6 @@ def retrain_dataset(cfg, folder: Path, since: datetime | None) -> dict:
     candidate rows from feedback given since `since` (the champion's registration), side by
     side (prepare_dataset reads a folder's files in name order, each in its own format);
     their lineage in folder/lineage.json."""
-    import shutil
-
-    from tuneloop.data.formats import load_file
-    from tuneloop.requestlog.feedback import export_feedback_dataset
-
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
     base = cfg.resolve(cfg.data.train_path)
@@ -72,8 +72,6 @@ def retrain_dataset(cfg, folder: Path, since: datetime | None) -> dict:
 
 def _champion_since(cfg) -> datetime | None:
     from mlflow.tracking import MlflowClient
-
-    from tuneloop.registry import ModelRegistry
 
     champion = ModelRegistry.from_config(cfg).champion()
     if champion is None:
@@ -108,8 +106,6 @@ def monitor(cfg, since: datetime | None = None, until: datetime | None = None,
             report: bool = True) -> dict:
     """Run once over [since, until) (default: the last monitoring.window); returns the result
     (also written as JSON and markdown under <home>/monitoring/<stamp>/)."""
-    from tuneloop.requestlog.store import parse_since, read_records
-
     started = time.perf_counter()
     m = cfg.monitoring
     until = until or datetime.now(timezone.utc)

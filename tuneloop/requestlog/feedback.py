@@ -16,6 +16,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from tuneloop.requestlog.store import read_records
+
 # A training set is either legacy prompt/completion rows (raw text) or conversations: rows of
 # the other kind cannot join it (tuneloop/data/dataset.py refuses the mix).
 _OTHER_KIND = {"legacy": "a chat request, and the training set is legacy prompt/completion rows",
@@ -87,8 +89,6 @@ def export_feedback_dataset(cfg, output: Path, since=None, lineage_path: Path | 
     """Write the candidate rows of feedback given since `since` to output (JSONL) and its
     lineage to lineage_path (default <output>.lineage.json); returns the lineage. kind: as
     feedback_examples (None: rows of both kinds)."""
-    from tuneloop.requestlog.store import read_records
-
     requests = read_records(cfg.request_log.url, cfg.home, "requests")
     fb = read_records(cfg.request_log.url, cfg.home, "feedback", since)
     rows, lineage = feedback_examples(requests, fb, kind)

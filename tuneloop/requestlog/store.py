@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -350,8 +351,6 @@ def read_records(url: str | None, home: Path, stream: str = "requests", since: d
 
 def write_export(records: Iterable[dict], path: Path | None, fmt: str) -> int:
     """records as jsonl / csv / parquet to path (jsonl to stdout when path is None)."""
-    import sys
-
     records = list(records)
     if fmt == "jsonl":
         lines = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)

@@ -17,9 +17,14 @@ left before it returns; a record submitted after close() is written at once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
+
+from tuneloop.privacy.redactor import PiiRedactor
+from tuneloop.requestlog.redactor_process import ProcessRedactor
+from tuneloop.requestlog.store import SegmentSink, open_sink
 
 log = logging.getLogger("tuneloop.requestlog")
 
@@ -305,9 +310,6 @@ class RequestLog:
 
 
 def _lower_priority(niceness: int) -> None:
-    import os
-    import threading
-
     if niceness <= 0 or not hasattr(os, "setpriority"):
         return
     try:  # on Linux a thread is a task with its own nice value
@@ -353,8 +355,6 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
     process (request_log.redact_in: process, the default) or in the writer thread (thread:
     with the gateway's PiiRedactor `pii` when there is one; `pii` may be a function returning
     it, called when the redactor starts)."""
-    from tuneloop.requestlog.store import SegmentSink, open_sink
-
     rl = cfg.request_log
     if not rl.enabled:
         return None
@@ -368,15 +368,11 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
         if settings.spacy_model_dir is not None:
             settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
         if rl.redact_in == "process":
-            from tuneloop.requestlog.redactor_process import ProcessRedactor
-
             return ProcessRedactor(settings.model_dump(mode="json"), str(cfg.home / "gateway"), cfg.gateway.key_prefix,
                                    timeout_s=rl.redaction_timeout_s)
         shared = pii() if callable(pii) else pii
         if shared is not None:
             return InProcessRedactor(shared)
-        from tuneloop.privacy.redactor import PiiRedactor
-
         return InProcessRedactor(PiiRedactor(settings, cfg.home / "gateway", key_prefix=cfg.gateway.key_prefix))
 
     log.info("request log: %s (flushed every %g s)", sink, rl.flush_interval_s)
