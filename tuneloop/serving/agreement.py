@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from tuneloop.config import REPO_ROOT
+from tuneloop.serving.engine import GenerationStream, SamplingParams, load_model
+from tuneloop.serving.slot_cache import allocate_slot_cache
+from tuneloop.serving.slots import SlotEngine
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +127,6 @@ class Reference:
     def __init__(self, model_dir: Path | str, prompts: list[dict] | None = None, max_new_tokens: int = MAX_NEW_TOKENS):
         import torch
 
-        from tuneloop.serving.engine import load_model
-
         started = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.loaded = load_model(model_dir, dtype="float32")
@@ -165,8 +166,6 @@ class Reference:
         """The configuration `serving` (a tuneloop.config.ServingConfig) against this reference."""
         import torch
 
-        from tuneloop.serving.engine import load_model
-
         started = time.perf_counter()
         candidate = load_model(self.model_dir, serving.num_threads, serving.dtype)
         dtype = str(candidate.model.dtype).replace("torch.", "")
@@ -198,9 +197,6 @@ class Reference:
 
 def candidate_answers(loaded, serving, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy answers of the slots engine as `serving` configures it (all prompts at once)."""
-    from tuneloop.serving.engine import GenerationStream, SamplingParams
-    from tuneloop.serving.slots import SlotEngine
-
     serving = serving.model_copy(update={"max_batch_size": max(len(prompts), 2), "compile": False})
 
     async def main() -> list[list[int]]:
@@ -231,8 +227,7 @@ def candidate_forward(loaded, serving):
     matches transformers' at start-up, as the engine decides)."""
     import torch
 
-    from tuneloop.serving import fused_forward
-    from tuneloop.serving.slot_cache import allocate_slot_cache
+    from tuneloop.serving import fused_forward  # deferred: it imports torch and transformers (2.9 s)
 
     if serving.forward == "fused" and fused_forward.unsupported_reason(loaded.model) is None:
         max_len = min(loaded.context_length, WINDOW)

@@ -19,6 +19,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from tuneloop.registry import ModelRegistry
+from tuneloop.serving.engine import _model_folder
 from tuneloop.serving.setup import ServedModel
 
 log = logging.getLogger("bentoml.tuneloop.hotswap")
@@ -57,8 +59,6 @@ class ChampionWatcher:
 
     async def check(self) -> bool:
         """One look at the registry; swaps when the champion moved. True when it swapped."""
-        from tuneloop.registry import ModelRegistry
-
         champion = await asyncio.to_thread(lambda: ModelRegistry.from_config(self.cfg).champion())
         if champion is None or champion.version == self.server.served.version or champion.version in self.skipped:
             return False
@@ -92,9 +92,6 @@ class ChampionWatcher:
 
     def _load(self, version: str) -> tuple[dict, Path]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from tuneloop.registry import ModelRegistry
-        from tuneloop.serving.engine import _model_folder
 
         target = self.cfg.home / "models" / f"{self.cfg.mlflow.registered_model}-v{version}"
         found = sorted(target.glob("**/config.json"))

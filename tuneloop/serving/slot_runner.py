@@ -219,7 +219,7 @@ class SlotRunner:
         """The fused forward for the served model if there is one and it matches transformers' forward on it."""
         import torch
 
-        from tuneloop.serving import fused_forward  # needs torch at import
+        from tuneloop.serving import fused_forward  # deferred: it imports torch and transformers (2.9 s)
 
         reason = fused_forward.unsupported_reason(self.model)
         if reason is not None:
@@ -240,7 +240,7 @@ class SlotRunner:
         """Install the slot attention kernel if it builds, fits the model, and matches sdpa on it."""
         import torch
 
-        from tuneloop.serving import slot_attention  # needs torch at import
+        from tuneloop.serving import slot_attention  # deferred: it imports torch and transformers (2.9 s)
 
         if not slot_attention.usable_for(self.model) or slot_attention.load_kernel() is None:
             return False

@@ -28,6 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import httpx
+
 from tuneloop.ports import free_port, stop_process_group
 from tuneloop.serving.engine import GenerationStream, LoadedModel
 from tuneloop.serving.errors import InternalError, InvalidRequest, ServingSetupError, Unavailable
@@ -166,8 +168,6 @@ class VLLMEngine:
         return body
 
     async def _generate(self, stream: GenerationStream) -> None:
-        import httpx
-
         if self._client is None:
             self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=5.0),
                                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
