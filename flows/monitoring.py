@@ -20,6 +20,9 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tuneloop.config import load_config
+from tuneloop.monitoring.run import monitor, summary_markdown
+from tuneloop.requestlog.store import parse_since
+from tuneloop.tracking import numeric, setup_mlflow
 
 EXPERIMENT = "tuneloop-monitoring"
 
@@ -34,9 +37,6 @@ def emit(event: str, payload: dict, cfg) -> None:
 
 @task(cache_policy=NO_CACHE)
 def monitor_window(cfg, since: str | None, until: str | None) -> dict:
-    from tuneloop.monitoring.run import monitor
-    from tuneloop.requestlog.store import parse_since
-
     return monitor(cfg, parse_since(since), parse_since(until), emit=lambda e, p: emit(e, p, cfg),
                    progress=get_run_logger().info)
 
@@ -44,8 +44,6 @@ def monitor_window(cfg, since: str | None, until: str | None) -> dict:
 @flow(name="monitoring", log_prints=True)
 def monitoring_flow(config_path: str | None = None, since: str | None = None, until: str | None = None) -> dict[str, Any]:
     import mlflow
-
-    from tuneloop.tracking import numeric, setup_mlflow
 
     cfg = load_config(config_path)
     result = monitor_window(cfg, since, until)
@@ -60,8 +58,6 @@ def monitoring_flow(config_path: str | None = None, since: str | None = None, un
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None})
         mlflow.log_artifacts(result["dir"], "monitoring")
         result["mlflow_run_id"] = run.info.run_id
-    from tuneloop.monitoring.run import summary_markdown
-
     create_markdown_artifact(key="monitoring", markdown=summary_markdown(result),
                              description="Drift and service health of the last window")
     if result["report"]:

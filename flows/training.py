@@ -18,7 +18,21 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from tuneloop.behaviour import run_suites
+from tuneloop.blessing import bless
+from tuneloop.bootstrap import ensure_base_model
 from tuneloop.config import TuneloopConfig, load_config
+from tuneloop.data.dataset import prepare_dataset
+from tuneloop.evaluation import evaluate_model
+from tuneloop.evaluation import predictions as prediction_rows
+from tuneloop.monitoring.reference import log_reference
+from tuneloop.privacy import redact
+from tuneloop.registry import ModelRegistry, PromotionConflict
+from tuneloop.report import write_report
+from tuneloop.tracking import log_lineage, setup_mlflow
+from tuneloop.training.kubernetes import run_training
+from tuneloop.training.launch import candidate_specs
+from tuneloop.validation import token_budget, validate_prepared
 
 # training keys logged as trained.* params of each candidate (its schedule, however chosen)
 RECIPE_KEYS = ("max_steps", "learning_rate", "save_steps", "warmup_ratio", "per_device_batch_size", "lora",
@@ -31,16 +45,11 @@ class ValidationFailed(Exception):
 
 @task(cache_policy=NO_CACHE)
 def prepare_base_model(cfg: TuneloopConfig) -> str:
-    from tuneloop.bootstrap import ensure_base_model
-
     return ensure_base_model(cfg)
 
 
 @task(cache_policy=NO_CACHE)
 def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None):
-    from tuneloop.data.dataset import prepare_dataset
-    from tuneloop.validation import token_budget
-
     # The row policies run here, so the prepared folder (and its fingerprint) is what trains.
     prepared = prepare_dataset(cfg, train_path=data, eval_path=eval_data, budget=token_budget(cfg))
     get_run_logger().info(prepared.summary())
@@ -49,8 +58,6 @@ def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None)
 
 @task(cache_policy=NO_CACHE)
 def validate_data(cfg: TuneloopConfig, prepared):
-    from tuneloop.validation import validate_prepared
-
     report = validate_prepared(cfg, prepared)
     create_markdown_artifact(
         key="data-validation",
@@ -67,28 +74,22 @@ def validate_data(cfg: TuneloopConfig, prepared):
 def train_candidate(spec, k8s=None):
     """A real multi-process job, here or as a Kubernetes TrainJob (training.kubernetes.compute);
     its log streams into this task's log. A retry resumes from the last checkpoint."""
-    from tuneloop.training.kubernetes import run_training
-
     return run_training(spec, k8s, on_log=get_run_logger().info)
 
 
 @task(cache_policy=NO_CACHE)
 def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> tuple[dict[str, Any], list[dict]]:
     """(metrics, predictions): every eval row's expected and generated answer."""
-    from tuneloop.evaluation import evaluate_model, predictions
-
     result = evaluate_model(model_ref, examples, cfg.evaluation, progress=False)
     get_run_logger().info("%s: %s", label, json.dumps(
         {k: v for k, v in result.metrics.items() if "/" not in k}, default=float))
-    return result.metrics, predictions(result)
+    return result.metrics, prediction_rows(result)
 
 
 @task(cache_policy=NO_CACHE)
 def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str, examples) -> dict[str, Any]:
     """The behavioural suites (evaluation.behaviour_suite(s)) whose task the eval split is of,
     on one model: tuneloop.behaviour.run_suites' dict (with the skipped suites and why)."""
-    from tuneloop.behaviour import run_suites
-
     result = run_suites(model_ref, [cfg.resolve(p) for p in cfg.evaluation.suites], cfg.evaluation, examples)
     for skip in result["skipped"]:
         get_run_logger().info("%s: behaviour suite %s skipped: %s", label, skip["suite"], skip["reason"])
@@ -102,8 +103,6 @@ def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str, examples) -
 @task(cache_policy=NO_CACHE)
 def champion_snapshot(cfg: TuneloopConfig):
     """The champion as seen before evaluation: promotion later compares-and-sets against it."""
-    from tuneloop.registry import ModelRegistry
-
     registry = ModelRegistry.from_config(cfg)
     champ = registry.champion()
     if champ is None:
@@ -115,9 +114,6 @@ def champion_snapshot(cfg: TuneloopConfig):
 def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics,
                        champion_version, tags, not_applicable=None):
     """Register the challenger and record the TFX-style blessing on its version."""
-    from tuneloop.blessing import bless
-    from tuneloop.registry import ModelRegistry
-
     registry = ModelRegistry.from_config(cfg)
     version = registry.register(run_id, model_dir, tags=tags)
     registry.set_challenger(version)
@@ -130,8 +126,6 @@ def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics
 @task(cache_policy=NO_CACHE)
 def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
     """Compare-and-set against the champion seen before evaluation; returns (promotion, refusal)."""
-    from tuneloop.registry import ModelRegistry, PromotionConflict
-
     try:
         promotion = ModelRegistry.from_config(cfg).promote(
             version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons),
@@ -152,8 +146,6 @@ def with_init_from(cfg: TuneloopConfig, init_from: str) -> TuneloopConfig:
 
 
 def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
-    from tuneloop.privacy import redact
-
     wrong = [r for r in rows if not r["label_match"]][:limit]
     return [{"id": r["id"], "expected": redact(r["expected"]), "generated": redact(r["generated"])} for r in wrong]
 
@@ -167,10 +159,6 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
     init_from: "base" or "champion" (default training.init_from); a drift-triggered retrain
     passes the monitoring event's choice (monitoring.retrain_init_from)."""
     import mlflow
-
-    from tuneloop.report import write_report
-    from tuneloop.tracking import log_lineage, setup_mlflow
-    from tuneloop.training.launch import candidate_specs
 
     started = time.time()
     cfg = load_config(config_path)
@@ -250,8 +238,6 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
             {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id}, not_applicable,
         )
         # What the monitoring flow compares served prompts with, kept with this version.
-        from tuneloop.monitoring.reference import log_reference
-
         log_reference(child_run, prepared.train, cfg.monitoring.drift.reference_rows, cfg.mlflow_tracking_uri)
         report_paths = write_report(run_root / "report", histories, metrics_table, blessing,
                                     behaviour=behaviour or None, challenger=spec.name, predictions=predictions,
