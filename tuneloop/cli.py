@@ -4,11 +4,14 @@ One file on purpose: every command, sub-command and option of `tuneloop` in one 
 a thin wrapper that loads the config, calls a library function and prints its result.
 
 Heavy libraries (torch, transformers, Great Expectations, MLflow, Prefect) are imported
-inside the commands that need them, so `tuneloop --help` answers at once.
+inside the commands that need them, so `tuneloop --help` answers at once; so are the project
+modules that import tuneloop.config (its pydantic and yaml take 0.17 s, as long as the rest
+of `--help`), each such line saying so.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sys
@@ -18,8 +21,13 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from tuneloop.data.formats import DataError
+from tuneloop.gate_report import REPORT_NAME
 from tuneloop.presets import PRESETS, convert_preset
+from tuneloop.requestlog.feedback import export_feedback_dataset
+from tuneloop.requestlog.store import LogError, describe, parse_since, read_records, write_export
 
 # No model hub on this kind of machine; never wait on it.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,7 +57,7 @@ ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: 
 
 
 def _load(config: Optional[Path]):
-    from tuneloop.config import ConfigError, load_config
+    from tuneloop.config import ConfigError, load_config  # deferred: tuneloop.config's pydantic (0.17 s)
 
     try:
         return load_config(config)
@@ -78,7 +86,7 @@ def bootstrap(
     """Build the small local base model (tokenizer + GPT-2/Llama, briefly pre-trained), or convert
     the configured preset (model.base_model: smollm2-135m-instruct) into an HF folder. Cached."""
     cfg = _load(config)
-    from tuneloop.bootstrap import BootstrapError, bootstrap_base_model
+    from tuneloop.bootstrap import BootstrapError, bootstrap_base_model  # deferred: tuneloop.config's pydantic (0.17 s)
 
     try:
         if cfg.model.base_model in PRESETS:
@@ -91,8 +99,8 @@ def bootstrap(
 
 
 def ensure_base_model(cfg) -> str:
-    from tuneloop.bootstrap import BootstrapError
-    from tuneloop.bootstrap import ensure_base_model as ensure
+    from tuneloop.bootstrap import BootstrapError  # deferred: tuneloop.config's pydantic (0.17 s)
+    from tuneloop.bootstrap import ensure_base_model as ensure  # deferred: tuneloop.config's pydantic (0.17 s)
 
     try:
         return ensure(cfg)
@@ -101,12 +109,11 @@ def ensure_base_model(cfg) -> str:
 
 
 def _prepare(cfg, data: Optional[Path], eval_data: Optional[Path]):
-    from tuneloop.data.dataset import prepare_dataset
-    from tuneloop.data.formats import DataError
+    from tuneloop.data.dataset import prepare_dataset  # deferred: tuneloop.config's pydantic (0.17 s)
 
     budget = None
     if cfg.validation.overlong != "fail":  # over-long rows are measured in the base model's tokens
-        from tuneloop.validation import token_budget
+        from tuneloop.validation import token_budget  # deferred: tuneloop.config's pydantic (0.17 s)
 
         ensure_base_model(cfg)
         budget = token_budget(cfg)
@@ -131,7 +138,7 @@ def prepare(
 
 def run_validation(cfg, prepared):
     """Validate a prepared dataset with the configured tokenizer; returns the report."""
-    from tuneloop.validation import validate_prepared
+    from tuneloop.validation import validate_prepared  # deferred: tuneloop.config's pydantic (0.17 s)
 
     ensure_base_model(cfg)
     return validate_prepared(cfg, prepared)
@@ -193,7 +200,7 @@ def demo(
 
 
 def _run_loop(cfg, config: Optional[Path], retrain: str, quiet: bool = False, requests: int | None = None) -> dict:
-    from tuneloop.demo import CALM_REQUESTS, run_loop
+    from tuneloop.demo import CALM_REQUESTS, run_loop  # deferred: httpx and tuneloop.config's pydantic (0.28 s)
 
     _use_prefect(cfg)
     out = console if not quiet else err_console
@@ -233,7 +240,7 @@ def loop(
     cfg = _load(config)
     if retrain not in ("auto", "flow", "trigger"):
         _fail(f"--retrain must be auto, flow or trigger, got {retrain!r}")
-    from tuneloop.registry import ModelRegistry
+    from tuneloop.registry import ModelRegistry  # deferred: tuneloop.config's pydantic (0.17 s)
 
     if ModelRegistry.from_config(cfg).champion() is None:
         _fail("there is no champion to serve yet: run `tuneloop train` (or `tuneloop demo`) first", code=1)
@@ -248,8 +255,6 @@ def loop(
 def _print_next(cfg, loop_out: dict | None, seconds: float | None) -> None:
     """Where a person looks after the demo."""
     console.rule("where to look" + (f" (demo took {seconds / 60:.1f} min)" if seconds else ""))
-    from tuneloop.gate_report import REPORT_NAME
-
     docs = cfg.data_docs_dir / REPORT_NAME
     lines = [
         f"MLflow UI:     .venv/bin/mlflow ui --backend-store-uri {cfg.mlflow_tracking_uri}   -> http://127.0.0.1:5000",
@@ -285,10 +290,9 @@ def train(
     cfg = _load(config)
     _use_prefect(cfg)
     from flows.training import ValidationFailed, training_flow
-    from tuneloop.bootstrap import BootstrapError
-    from tuneloop.config import ConfigError
-    from tuneloop.data.formats import DataError
-    from tuneloop.training.launch import TrainingError
+    from tuneloop.bootstrap import BootstrapError  # deferred: tuneloop.config's pydantic (0.17 s)
+    from tuneloop.config import ConfigError  # deferred: tuneloop.config's pydantic (0.17 s)
+    from tuneloop.training.launch import TrainingError  # deferred: tuneloop.config's pydantic (0.17 s)
 
     try:
         summary = training_flow(
@@ -356,8 +360,6 @@ def monitor(
 ):
     """Run the monitoring flow once, now: drift against the champion's training prompts and
     service health against the SLOs; emits tuneloop.retrain.requested / tuneloop.slo.breached."""
-    from tuneloop.requestlog.store import LogError, parse_since
-
     cfg = _load(config)
     try:
         parse_since(since), parse_since(until)
@@ -396,8 +398,6 @@ def _use_prefect(cfg) -> None:
 
 
 def _print_training_summary(summary: dict) -> None:
-    from rich.table import Table
-
     ch = summary["challenger"]
     table = Table(title=f"challenger {ch['name']} -> version {ch['version']}")
     table.add_column("metric")
@@ -435,8 +435,8 @@ def _print_training_summary(summary: dict) -> None:
 
 
 def _registry(cfg):
-    from tuneloop.registry import ModelRegistry
-    from tuneloop.tracking import setup_mlflow
+    from tuneloop.registry import ModelRegistry  # deferred: tuneloop.config's pydantic (0.17 s)
+    from tuneloop.tracking import setup_mlflow  # deferred: tuneloop.config's pydantic (0.17 s)
 
     setup_mlflow(cfg)
     return ModelRegistry(cfg.mlflow_tracking_uri, cfg.mlflow.registered_model)
@@ -445,8 +445,6 @@ def _registry(cfg):
 @registry_app.command("history")
 def registry_history(config: Optional[Path] = ConfigOption, as_json: bool = typer.Option(False, "--json")):
     """Who/what/when/why of every promotion and rollback."""
-    from rich.table import Table
-
     records = [r.to_dict() for r in _registry(_load(config)).history()]
     if as_json:
         print(json.dumps(records, indent=2, default=str))
@@ -468,9 +466,7 @@ def registry_rollback(
     reason: str = typer.Option("manual rollback", "--reason", help="Recorded in the history."),
 ):
     """Make `previous` the champion again (the current champion becomes `previous`)."""
-    import getpass
-
-    from tuneloop.registry import RegistryError
+    from tuneloop.registry import RegistryError  # deferred: tuneloop.config's pydantic (0.17 s)
 
     try:
         result = _registry(_load(config)).rollback(reason=reason, actor=getpass.getuser())
@@ -524,8 +520,6 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(config: Optional[Path] = ConfigOption, as_json: bool = typer.Option(False, "--json")):
     """Every key's id, name, tier and status (never the keys themselves)."""
-    from rich.table import Table
-
     rows = [_key_row(k) for k in _key_store(_load(config)).list()]
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -552,8 +546,6 @@ def keys_revoke(key_id: str = typer.Argument(..., help="The key's id (tuneloop k
 
 
 def _log_records(cfg, stream: str, since: Optional[str], until: Optional[str] = None) -> list[dict]:
-    from tuneloop.requestlog.store import LogError, parse_since, read_records
-
     try:
         return read_records(cfg.request_log.url, cfg.home, stream, parse_since(since), parse_since(until))
     except LogError as exc:
@@ -578,8 +570,6 @@ def logs_tail(
         for r in records:
             typer.echo(json.dumps(r, ensure_ascii=False))
         return
-    from rich.table import Table
-
     if stream == "feedback":
         table = Table(title=f"feedback ({len(records)})")
         for col in ("time", "request", "key", "rating", "correction"):
@@ -611,8 +601,6 @@ def _secs(value) -> str:
 
 
 def _log_location(cfg) -> str:
-    from tuneloop.requestlog.store import describe
-
     return describe(cfg.request_log.url, cfg.home)
 
 
@@ -626,8 +614,6 @@ def logs_export(
     config: Optional[Path] = ConfigOption,
 ):
     """Logged requests (or feedback) of a time window, for people and notebooks."""
-    from tuneloop.requestlog.store import LogError, write_export
-
     cfg = _load(config)
     records = _log_records(cfg, stream, since, until)
     try:
@@ -646,9 +632,6 @@ def logs_feedback_data(
     config: Optional[Path] = ConfigOption,
 ):
     """Corrected completions from feedback as training rows (the training set's format), with lineage."""
-    from tuneloop.requestlog.feedback import export_feedback_dataset
-    from tuneloop.requestlog.store import LogError, parse_since
-
     cfg = _load(config)
     try:
         lineage = export_feedback_dataset(cfg, output, parse_since(since))
@@ -723,8 +706,8 @@ def agreement(
     prompts and next-token agreement on the committed text, against transformers' float32 forward
     of the same model (tuneloop/serving/agreement.py). Exit 0 when it passes the bar, 1 when not."""
     cfg = _load(config)
-    from tuneloop.serving.agreement import check
-    from tuneloop.serving.setup import resolve_model_dir
+    from tuneloop.serving.agreement import check  # deferred: tuneloop.config's pydantic (0.17 s)
+    from tuneloop.serving.setup import resolve_model_dir  # deferred: tuneloop.config's pydantic (0.17 s)
 
     if model_dir is None and cfg.model.base_model != "bootstrap":
         ensure_base_model(cfg)

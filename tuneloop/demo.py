@@ -34,7 +34,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+import httpx
+
+from tuneloop.data.dataset import prepare_dataset
+from tuneloop.data.sample import shifted_prompts
 from tuneloop.ports import free_port, stop_process_group
+from tuneloop.registry import ModelRegistry
 
 CALM_REQUESTS = 60  # of each kind, by default
 
@@ -103,8 +108,6 @@ def start_server(cfg, port: int, log_path: Path) -> subprocess.Popen:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 300) -> None:
-    import httpx
-
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -144,8 +147,6 @@ def send(client, model: str, prompts: list, workers: int = 4, refused: list | No
 
 
 def served_version(url: str, key: str) -> str:
-    import httpx
-
     r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     r.raise_for_status()
     return r.json()["data"][0]["id"]
@@ -167,8 +168,6 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
 
     from flows.monitoring import monitoring_flow
     from flows.training import training_flow
-    from tuneloop.data.dataset import prepare_dataset
-    from tuneloop.data.sample import shifted_prompts
     from tuneloop.gateway.pipeline import open_key_store
 
     out: dict = {"stream_failures": [], "retrain": None, "filter_refusals": []}
@@ -258,8 +257,6 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
 
 
 def _champion_version(cfg) -> str | None:
-    from tuneloop.registry import ModelRegistry
-
     champion = ModelRegistry.from_config(cfg).champion()
     return champion.version if champion else None
 
