@@ -25,9 +25,12 @@ from typing import Any
 from tuneloop.gateway.cache import ResultCache
 from tuneloop.gateway.content_filter import ContentFilter
 from tuneloop.gateway.filter_registry import build_content_filter, registered_classifier
+from tuneloop.gateway.guard_process import GuardProcess
 from tuneloop.gateway.keys import ApiKey, InvalidKey, KeyStore, open_key_store
 from tuneloop.gateway.limiter import Limits, MemoryLimiter, RedisLimiter
 from tuneloop.gateway.redis_health import RedisHealth
+from tuneloop.gateway.remote_pii import RemotePiiRedactor
+from tuneloop.privacy.redactor import PiiRedactor
 from tuneloop.serving.admission import Share
 from tuneloop.serving.errors import InvalidApiKey
 
@@ -142,8 +145,6 @@ class Gateway:
                 settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
         folder, model_id = registered_classifier(cfg, load_classifier)
         if g.checks_in == "process" and (settings is not None or folder is not None):
-            from tuneloop.gateway.guard_process import GuardProcess
-
             # Started now, ready by the warm-up: the child builds Presidio and loads the
             # classifier while this process loads the model.
             guard = GuardProcess({"pii": None if settings is None else settings.model_dump(mode="json"),
@@ -152,9 +153,6 @@ class Gateway:
             guard.on_cpu.update(find=counted.cpu.labels(part="pii").inc, scores=counted.cpu.labels(part="filter").inc)
             guard.start()
         if settings is not None:
-            from tuneloop.gateway.remote_pii import RemotePiiRedactor
-            from tuneloop.privacy.redactor import PiiRedactor
-
             if guard is not None:
                 pii = RemotePiiRedactor(settings, guard, key_prefix=g.key_prefix)
             else:
