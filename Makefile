@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install demo demo-smollm2 test test-fast clean vllm-venv bench-vllm bench-recipe system-packages
+.PHONY: install demo demo-smollm2 test test-fast lint format clean vllm-venv bench-vllm bench-recipe system-packages
 
 # System services the gateway, the monitoring and their tests use (the tests start and stop
 # them on 127.0.0.1; nothing runs as a daemon): Debian's redis-server and prometheus (with
@@ -65,13 +65,30 @@ demo-smollm2: install
 bench-recipe: install
 	$(BIN)/python benchmarks/recipe.py --shared $(RECIPE_ARGS)
 
-# The suite includes serving.engine: vllm against a real vLLM, so it builds vLLM's venv too.
+# The suite in stages, each stopping the run when it fails and printing its time
+# (tests/stages.sh): lint, then tests/unit (no service, no server), tests/integration (real
+# Redis, MLflow, Prefect, PostgreSQL, Prometheus, `bentoml serve`, vLLM), tests/e2e (the flows,
+# the loop, the real model). The integration stage runs serving.engine: vllm against a real
+# vLLM, so it builds vLLM's venv too.
 test:
 	$(PARALLEL_MAKE) install vllm-venv
-	$(BIN)/python -m pytest
+	BIN=$(BIN) bash tests/stages.sh
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest tests/unit
+
+# The house's checks: ruff's rules and formatting, the import contracts (pyproject.toml's
+# [tool.importlinter]), the type check of the schema, the API and the gateway.
+LINTED := tuneloop flows bentos benchmarks tests
+lint: install
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
 
 # The peer for the serving benchmark: vLLM's CPU build in its own venv (it pins an older
 # transformers). Its torchvision/torchaudio/torchcodec do not match the CPU torch and break

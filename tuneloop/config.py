@@ -433,7 +433,7 @@ def _default_rules() -> list[FilterRule]:
     # share a word with it pass (a person called Dan, developer mode on a phone, "ignore the
     # typo", a shell's prompt string); recall is the classifier's job. They read the text's
     # screening views (tuneloop/gateway/normalize.py), so zero-width characters, look-alike
-    # letters, leetspeak and base64 do not hide a phrase. tests/test_gateway_filter_rules.py
+    # letters, leetspeak and base64 do not hide a phrase. tests/unit/test_gateway_filter_rules.py
     # holds the cases each must catch and pass.
     device = r"(phone|android|iphone|ios|usb|device|settings|tablet|browser|chrome|firefox|windows|xbox|samsung|pixel|tv)"
     return [
@@ -598,7 +598,7 @@ class RequestLogConfig(Section):
 
 class DriftConfig(Section):
     """Served prompts against the champion's training prompts (tuneloop/monitoring/drift.py).
-    Defaults calibrated on the sample data: see tests/test_monitoring.py and the README."""
+    Defaults calibrated on the sample data: see tests/integration/test_monitoring.py and the README."""
 
     min_requests: int = Field(50, ge=10)  # fewer logged prompts in the window: not judged
     # Evidently's normed Wasserstein distance per text descriptor; a window drifts when

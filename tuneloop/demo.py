@@ -17,7 +17,7 @@ there are no deployments and no worker to run the training deployment's trigger,
 loop runs the flow the trigger would run, with the event's own parameters (retrain="flow").
 With a Prefect server (prefect.api_url) where `prefect deploy --all` registered the
 deployments and a worker serves their pool, the event's trigger runs it and the loop waits
-for the new champion (retrain="trigger"; tests/test_loop_e2e.py runs that path).
+for the new champion (retrain="trigger"; tests/e2e/test_loop_e2e.py runs that path).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ checked on machines without kubectl: resources (files and directories), namespac
 (pairs only), images, patches (strategic merge, by the patch's own kind/name or a target;
 JSON 6902 add/remove/replace), configMapGenerator (files, literals) with name hashes off. Any
 other kustomization key is an error, never silently skipped. Where kubectl is installed,
-tests/test_infra_k8s.py renders with both and compares.
+tests/unit/test_infra_k8s.py renders with both and compares.
 
 Validation: built-in kinds against the Kubernetes OpenAPI schemas of K8S_VERSION shipped by
 kubernetes-validate, strict (unknown fields are errors); custom resources (ServiceMonitor,

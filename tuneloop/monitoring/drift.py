@@ -9,7 +9,7 @@ Two views, both offline:
   0.5 = indistinguishable, 1.0 = a different population), on a sample of each side.
 The window drifts when the embeddings do, or when at least `min_drifted_descriptors`
 descriptors do. Thresholds come from config; their defaults were calibrated on the sample
-data (tests/test_monitoring.py measures false alarms over seeds and window sizes on
+data (tests/integration/test_monitoring.py measures false alarms over seeds and window sizes on
 in-distribution traffic, and detection of a real topic shift). The HTML report renders
 Evidently's embedding plot (a TSNE) on a small sample only: the score never waits for it.
 """

@@ -9,7 +9,7 @@
 - personal.py: personal data the gate looks for in training answers (email, card number,
   phone, IBAN) and the documentation values that are nobody's (example.com, 555-01xx).
 
-tests/test_privacy.py plants every kind in texts for all three users.
+tests/unit/test_privacy.py plants every kind in texts for all three users.
 """
 
 from tuneloop.privacy.personal import find_pii, pii_spans  # noqa: E402

@@ -14,7 +14,7 @@ The reference is transformers' float32 forward of the same model folder. A confi
 
 The bar (BAR): at least 23 of 24 greedy answers equal and top-1 agreement >= 0.99, as the
 serving dtype's default must pass on SmolLM2-135M (benchmarks/serving.py prints these beside
-every throughput figure; tests/test_agreement.py runs it on the demo model and SmolLM2).
+every throughput figure; tests/unit/test_agreement.py runs it on the demo model and SmolLM2).
 
     tuneloop agreement [--config F] [--model-dir D] [--dtype bfloat16] [--forward transformers]
 """
