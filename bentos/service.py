@@ -53,10 +53,28 @@ from pathlib import Path
 
 import bentoml
 
+# None of these imports torch, transformers or prometheus_client when imported (BentoML imports this
+# module in the build, the serve parent and the worker): the model is loaded and the metrics are made
+# in TuneloopLLM.__init__, in the worker, once BentoML has set prometheus_client's multiprocess mode.
 from tuneloop.api.app import create_app
 from tuneloop.api.middleware import InternalRoutesGuard, OpenAIErrorMiddleware, PublicOpenAPISpec
+from tuneloop.api.server import OpenAIServer
 from tuneloop.config import load_config
+from tuneloop.cpu_turns import CPU_TURNS
+from tuneloop.monitoring.exporter import LATEST, MonitoringGauges
+from tuneloop.requestlog.writer import RequestLogMetrics, open_request_log
+from tuneloop.serving.adaptive_engine import BatchGenerator
+from tuneloop.serving.admission import AdmissionController
+from tuneloop.serving.continuous_engine import ContinuousEngine
+from tuneloop.serving.engine import load_model, load_tokenizer
+from tuneloop.serving.engine_process import EngineProcess
+from tuneloop.serving.errors import InternalError, Unavailable
+from tuneloop.serving.hotswap import ChampionWatcher
+from tuneloop.serving.metrics import ServingMetrics
+from tuneloop.serving.setup import resolve_model_dir, served_model, warm_up
+from tuneloop.serving.slots import SlotEngine
 from tuneloop.serving.untrusted import BENTOML_PATHS, RouteNames, install_log_escaping, protect_bentoml_middlewares
+from tuneloop.serving.vllm_engine import VLLMEngine, vllm_dtype
 
 # Under "bentoml" so that `bentoml serve` shows it with its own lines (it configures only that tree).
 log = logging.getLogger("bentoml.tuneloop")
@@ -98,15 +116,6 @@ class TuneloopLLM:
         bento_model = bentoml.models.BentoModel(SERVING.bento_model)
 
     def __init__(self) -> None:
-        from tuneloop.api.server import OpenAIServer
-        from tuneloop.serving.adaptive_engine import BatchGenerator
-        from tuneloop.serving.admission import AdmissionController
-        from tuneloop.serving.continuous_engine import ContinuousEngine
-        from tuneloop.serving.engine import load_model
-        from tuneloop.serving.metrics import ServingMetrics
-        from tuneloop.serving.setup import resolve_model_dir, served_model
-        from tuneloop.serving.slots import SlotEngine
-
         served = served_model(SERVING)
         # Created here, not at import: BentoML switches prometheus_client to multiprocess
         # mode between importing this module and starting the worker.
@@ -115,8 +124,6 @@ class TuneloopLLM:
         # Its redaction process (the default) starts first: it loads Presidio while this process
         # builds the gateway and loads the model. Redacting in the writer thread instead shares
         # the gateway's redactor, so that one starts in the warm-up, once the gateway exists.
-        from tuneloop.requestlog.writer import RequestLogMetrics, open_request_log
-
         self.request_log = open_request_log(CONFIG, lambda: self.gateway.pii, RequestLogMetrics())
         app.state.request_log = self.request_log
         if self.request_log is not None and CONFIG.request_log.redact_in == "process":
@@ -130,8 +137,6 @@ class TuneloopLLM:
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
         in_child = SERVING.engine == "vllm" or (SERVING.engine == "slots" and SERVING.engine_process)
         if in_child:  # the weights live in the engine's process; this one needs the tokenizer
-            from tuneloop.serving.engine import load_tokenizer
-
             loaded = load_tokenizer(model_dir)
         else:
             loaded = load_model(model_dir, SERVING.num_threads, SERVING.dtype)
@@ -143,18 +148,12 @@ class TuneloopLLM:
 
         self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots" and SERVING.engine_process:
-            from tuneloop.serving.engine_process import EngineProcess
-
             self.engine = EngineProcess(loaded, SERVING, on_batch, self.metrics.observe_turn if SERVING.cpu_turns else None)
         elif SERVING.engine == "slots":
             self.engine = SlotEngine.from_config(loaded, SERVING, on_batch)
             if SERVING.cpu_turns and loaded.model.device.type == "cpu":
-                from tuneloop.cpu_turns import CPU_TURNS
-
                 CPU_TURNS.enable(self.metrics.observe_turn)
         elif SERVING.engine == "vllm":
-            from tuneloop.serving.vllm_engine import VLLMEngine, vllm_dtype
-
             logs = CONFIG.home / "logs"
             logs.mkdir(parents=True, exist_ok=True)
             self.engine = VLLMEngine(loaded, SERVING.vllm_python, dtype=vllm_dtype(SERVING.dtype),
@@ -194,8 +193,6 @@ class TuneloopLLM:
         self._warm_up_task = asyncio.get_running_loop().create_task(self._warm_up())
 
     async def _warm_up(self) -> None:
-        from tuneloop.serving.setup import warm_up
-
         try:
             if SERVING.engine == "adaptive":
                 while getattr(self, "__self_proxy__", None) is None:
@@ -227,8 +224,6 @@ class TuneloopLLM:
 
     def _follow_champion(self) -> None:
         """A new champion in the registry is swapped in without a restart (tuneloop/serving/hotswap.py)."""
-        from tuneloop.serving.hotswap import ChampionWatcher
-
         if not SERVING.follow_champion_s:
             return
         why_not = ChampionWatcher.applies(CONFIG, self.server.served, self.engine)
@@ -242,9 +237,6 @@ class TuneloopLLM:
 
     async def _export_monitoring(self) -> None:
         """The latest monitoring run's scores on /metrics (tuneloop/monitoring/exporter.py)."""
-        from tuneloop.monitoring.exporter import MonitoringGauges
-        from tuneloop.monitoring.run import LATEST
-
         gauges = MonitoringGauges(CONFIG.monitoring_dir / LATEST)
         while True:
             await asyncio.to_thread(gauges.refresh)
@@ -365,8 +357,6 @@ class _BentoBatchingBackend:
     async def _call(self, stream) -> None:
         import aiohttp
         from bentoml.exceptions import BentoMLException
-
-        from tuneloop.serving.errors import InternalError, Unavailable
 
         try:
             for attempt in range(1, self.ATTEMPTS + 1):
