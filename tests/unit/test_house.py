@@ -68,7 +68,10 @@ def _imports(tree: ast.AST):
             for a in node.names:
                 yield node, a.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node, node.module
+            for a in node.names:  # `from package import module` imports that module
+                sub = f"{node.module}.{a.name}"
+                path = ROOT / sub.replace(".", "/")
+                yield node, sub if path.with_suffix(".py").exists() or path.is_dir() else node.module
 
 
 def _module_name(path: Path) -> str:
