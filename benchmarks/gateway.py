@@ -103,11 +103,13 @@ def scrape(url: str) -> dict[str, float]:
     encoder and the engine held (seconds), Presidio's and the classifier's own CPU seconds."""
     import urllib.request
 
-    wanted = {'tuneloop_gateway_cache_total{result="hit"}': "cache_hits",
-              'tuneloop_cpu_turn_seconds_total{holder="filter"}': "filter_turn_s",
-              'tuneloop_cpu_turn_seconds_total{holder="engine"}': "engine_turn_s",
-              'tuneloop_gateway_cpu_seconds_total{part="pii"}': "pii_cpu_s",
-              'tuneloop_gateway_cpu_seconds_total{part="filter"}': "filter_cpu_s"}
+    wanted = {
+        'tuneloop_gateway_cache_total{result="hit"}': "cache_hits",
+        'tuneloop_cpu_turn_seconds_total{holder="filter"}': "filter_turn_s",
+        'tuneloop_cpu_turn_seconds_total{holder="engine"}': "engine_turn_s",
+        'tuneloop_gateway_cpu_seconds_total{part="pii"}': "pii_cpu_s",
+        'tuneloop_gateway_cpu_seconds_total{part="filter"}': "filter_cpu_s",
+    }
     out = dict.fromkeys(wanted.values(), 0.0)
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
@@ -132,7 +134,7 @@ def warm_sample(rng: random.Random, requests: list, share: float) -> list:
     ordered = sorted(requests, key=lambda r: (r.max_tokens, r.index))
     out = []
     for start in range(0, len(ordered), frac.denominator):
-        group = ordered[start:start + frac.denominator]
+        group = ordered[start : start + frac.denominator]
         out += rng.sample(group, round(len(group) * frac))
     return out
 
@@ -151,19 +153,37 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--wait-quiet", type=float, default=60.0)
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--ignore-eos", action="store_true",
-                        help="every request generates its max_tokens (a fixed workload: the same tokens for every system)")
-    parser.add_argument("--method", default=None,
-                        help="the filter classifier's method (default: the shipped gateway.filter_training one)")
-    parser.add_argument("--systems", default="off,on,cache",
-                        help="which to run: off,on,cache (the default), and for attribution on-no-classifier, "
-                             "on-no-pii, on-no-auth, on-no-checks, on-no-redis, on-checks-in-thread")
-    parser.add_argument("--instances", type=int, default=1,
-                        help="servers per system, taking the rounds in turn: two servers of the same system "
-                             "differ by up to ~7 %% on the demo model (the off-again system measures it), so "
-                             "several average that out")
-    parser.add_argument("--serving", action="append", default=[], metavar="KEY=VALUE",
-                        help="a serving setting for every server (repeatable), e.g. dtype=bfloat16")
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="every request generates its max_tokens (a fixed workload: the same tokens for every system)",
+    )
+    parser.add_argument(
+        "--method",
+        default=None,
+        help="the filter classifier's method (default: the shipped gateway.filter_training one)",
+    )
+    parser.add_argument(
+        "--systems",
+        default="off,on,cache",
+        help="which to run: off,on,cache (the default), and for attribution on-no-classifier, "
+        "on-no-pii, on-no-auth, on-no-checks, on-no-redis, on-checks-in-thread",
+    )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        help="servers per system, taking the rounds in turn: two servers of the same system "
+        "differ by up to ~7 %% on the demo model (the off-again system measures it), so "
+        "several average that out",
+    )
+    parser.add_argument(
+        "--serving",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a serving setting for every server (repeatable), e.g. dtype=bfloat16",
+    )
     args = parser.parse_args()
     args.serving = parse_serving(args.serving)
     if args.quick:
@@ -186,25 +206,51 @@ def main() -> None:
 
         window = context_window(AutoConfig.from_pretrained(model_dir), tokenizer) or need
         args.serving["max_model_len"] = str(min(window, -(-need // 256) * 256))
-        print(f"each server's KV slots hold {args.serving['max_model_len']} tokens (--serving max_model_len=N "
-              "to change)", flush=True)
+        print(
+            f"each server's KV slots hold {args.serving['max_model_len']} tokens (--serving max_model_len=N to change)",
+            flush=True,
+        )
     work = Path(tempfile.mkdtemp(prefix="tuneloop-gateway-bench-"))
     results: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     try:
         with ExitStack() as stack:
             redis_url = stack.enter_context(redis_server(work))
             base_env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
-            base_env.update({"TUNELOOP_HOME": str(work / "home"), "BENTOML_HOME": str(work / "bentoml"),
-                             "PREFECT_HOME": str(work / "prefect"),
-                             "TUNELOOP_SERVE_MODEL_DIR": str(model_dir), "TUNELOOP_SERVE_MODEL_NAME": MODEL_NAME,
-                             "TUNELOOP_SERVE_ENGINE": "slots"})
+            base_env.update(
+                {
+                    "TUNELOOP_HOME": str(work / "home"),
+                    "BENTOML_HOME": str(work / "bentoml"),
+                    "PREFECT_HOME": str(work / "prefect"),
+                    "TUNELOOP_SERVE_MODEL_DIR": str(model_dir),
+                    "TUNELOOP_SERVE_MODEL_NAME": MODEL_NAME,
+                    "TUNELOOP_SERVE_ENGINE": "slots",
+                }
+            )
             base_env.update({f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in args.serving.items()})
             if args.num_threads:
                 base_env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
             train_filter(base_env, args.method)
-            key = json.loads(subprocess.run(
-                [sys.executable, "-m", "tuneloop.cli", "keys", "create", "--name", "bench", "--tier", "enterprise",
-                 "--json"], env=base_env, capture_output=True, text=True, cwd=ROOT, check=True).stdout)["key"]
+            key = json.loads(
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tuneloop.cli",
+                        "keys",
+                        "create",
+                        "--name",
+                        "bench",
+                        "--tier",
+                        "enterprise",
+                        "--json",
+                    ],
+                    env=base_env,
+                    capture_output=True,
+                    text=True,
+                    cwd=ROOT,
+                    check=True,
+                ).stdout
+            )["key"]
             on_env = {"TUNELOOP_REDIS_URL": redis_url, "TUNELOOP__GATEWAY__CACHE": "{enabled: false}"}
             systems = {
                 "off": {**GATEWAY_OFF},
@@ -216,8 +262,11 @@ def main() -> None:
             systems["on-no-pii"] = {**on_env, "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}"}
             systems["on-no-auth"] = {**on_env, "TUNELOOP__GATEWAY__AUTH": "off"}
             systems["on-no-redis"] = {"TUNELOOP__GATEWAY__CACHE": "{enabled: false}"}  # limits in process
-            systems["on-no-checks"] = {**on_env, "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}",
-                                       "TUNELOOP__GATEWAY__FILTER": "{classifier: null}"}
+            systems["on-no-checks"] = {
+                **on_env,
+                "TUNELOOP__GATEWAY__PII": "{mode: off, outputs: off}",
+                "TUNELOOP__GATEWAY__FILTER": "{classifier: null}",
+            }
             systems["on-checks-in-thread"] = {**on_env, "TUNELOOP__GATEWAY__CHECKS_IN": "thread"}
             # A second server of `off`: how far two servers of the same system differ (an A/A check).
             systems["off-again"] = {**GATEWAY_OFF}
@@ -232,14 +281,31 @@ def main() -> None:
                 for i in range(args.instances):
                     port = free_port()
                     url = f"http://127.0.0.1:{port}"
-                    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host",
-                           "127.0.0.1", "--port", str(port)]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "bentoml",
+                        "serve",
+                        "bentos.service:TuneloopLLM",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                    ]
                     print(f"{name}: starting bentoml serve on {url} ...", flush=True)
                     # Each server its own BENTOML_HOME: a starting server clears the Prometheus
                     # multiprocess folder under it, which would wipe the metrics of those before it.
                     own = {"BENTOML_HOME": str(work / f"bentoml-{name}-{i}")}
-                    proc = stack.enter_context(service(cmd, f"{url}/readyz", work / f"serve-{name}-{i}.log",
-                                                       env={**base_env, **extra, **own}, timeout=300, cwd=ROOT))
+                    proc = stack.enter_context(
+                        service(
+                            cmd,
+                            f"{url}/readyz",
+                            work / f"serve-{name}-{i}.log",
+                            env={**base_env, **extra, **own},
+                            timeout=300,
+                            cwd=ROOT,
+                        )
+                    )
                     urls.setdefault(name, []).append(url)
                     pids.setdefault(name, []).append(proc.pid)
             headers = {"Authorization": f"Bearer {key}"}
@@ -253,8 +319,9 @@ def main() -> None:
                     keyless = systems[name].get("TUNELOOP__GATEWAY__AUTH") == "off"
                     client = Client(url, None if keyless else headers)
                     try:
-                        return await run_workload(reqs, lambda r: send(client, r), args.concurrency,
-                                                  args.request_rate, args.seed, name)
+                        return await run_workload(
+                            reqs, lambda r: send(client, r), args.concurrency, args.request_rate, args.seed, name
+                        )
                     finally:
                         await client.close()
 
@@ -273,8 +340,11 @@ def main() -> None:
                 res, duration = run_round("cache", requests, seed, url)
                 cold.append(sum(x.output_tokens for x in res if x.ok) / duration)
                 cold_steady.append(steady_throughput(res))
-                print(f"round {r}/{args.rounds}  cache, nothing warmed: {cold[-1]:.1f} out tok/s "
-                      f"(steady {cold_steady[-1]:.1f})", flush=True)
+                print(
+                    f"round {r}/{args.rounds}  cache, nothing warmed: {cold[-1]:.1f} out tok/s "
+                    f"(steady {cold_steady[-1]:.1f})",
+                    flush=True,
+                )
 
             rng = random.Random(args.seed)
             rounds: dict[str, list[dict]] = {n: [] for n in systems}
@@ -282,7 +352,7 @@ def main() -> None:
             bounds = []  # per cache round: 1/(1 - the hits' share), the stricter of requests and tokens
             for r in range(1, args.rounds + 1):
                 inst = (r - 1) % args.instances  # each system's servers take the rounds in turn
-                for name in (list(systems) if r % 2 else list(systems)[::-1]):  # A B C, C B A, ...
+                for name in list(systems) if r % 2 else list(systems)[::-1]:  # A B C, C B A, ...
                     # Quiet, the other servers included: one whose request log is still redacting
                     # the last round's texts (in its niced child) would slow this round's server.
                     wait_until_quiet(args.wait_quiet, busy_cores=0.1)
@@ -308,23 +378,33 @@ def main() -> None:
                     extra["pii_cpu_share"] = counters["pii_cpu_s"] / server_cpu_s
                     extra["filter_cpu_share"] = counters["filter_cpu_s"] / server_cpu_s
                     if name != "off":
-                        extra["notes"] = [f"filter encoder's turns {extra['filter_turn_share']:.1%} of the round; "
-                                          f"classifier {extra['filter_cpu_share']:.1%} and Presidio "
-                                          f"{extra['pii_cpu_share']:.1%} of the server's CPU"]
+                        extra["notes"] = [
+                            f"filter encoder's turns {extra['filter_turn_share']:.1%} of the round; "
+                            f"classifier {extra['filter_cpu_share']:.1%} and Presidio "
+                            f"{extra['pii_cpu_share']:.1%} of the server's CPU"
+                        ]
                     if name == "cache":
                         hits = cache_hits(url) - before
                         hit_rates.append(hits / len(requests))
                         # Every warmed request hits (checked): their tokens' share is the work saved.
                         out_tokens = [x.output_tokens for x in res]  # in the order of `requests` (q.index)
-                        token_share = (sum(out_tokens[q.index] for q in warm) / max(sum(out_tokens), 1)
-                                       if hits == len(warm) else hit_rates[-1])
+                        token_share = (
+                            sum(out_tokens[q.index] for q in warm) / max(sum(out_tokens), 1)
+                            if hits == len(warm)
+                            else hit_rates[-1]
+                        )
                         bounds.append(1 / (1 - max(hit_rates[-1], token_share)))
-                        extra["notes"].append(f"cache hits this round: {hit_rates[-1]:.1%} of the requests, "
-                                              f"{token_share:.1%} of the output tokens (Amdahl bound "
-                                              f"{bounds[-1]:.3f}x)")
+                        extra["notes"].append(
+                            f"cache hits this round: {hit_rates[-1]:.1%} of the requests, "
+                            f"{token_share:.1%} of the output tokens (Amdahl bound "
+                            f"{bounds[-1]:.3f}x)"
+                        )
                     rounds[name].append(summarize(f"gateway {name}", requests, res, duration, extra))
-                    print(f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s "
-                          f"(steady {rounds[name][-1]['steady_output_throughput']:.1f})", flush=True)
+                    print(
+                        f"round {r}/{args.rounds}  {name}: {rounds[name][-1]['output_throughput']:.1f} out tok/s "
+                        f"(steady {rounds[name][-1]['steady_output_throughput']:.1f})",
+                        flush=True,
+                    )
                     if name == "cache" and not r % 2:
                         cold_round(r, url, seed + 500)
             summaries = {n: median_of(rs) for n, rs in rounds.items()}
@@ -334,10 +414,12 @@ def main() -> None:
             results.update(summaries=summaries, costs=costs)
             print("\n" + "=" * 80)
             for n, c in costs.items():
-                print(f" {n}/off paired by round: median {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; rounds "
-                      f"{' '.join(f'{x:.2f}' for x in c['ratios'])}); filter encoder's turns {c['filter_turn_share']:.1%} "
-                      f"of the round, classifier {c['filter_cpu_share']:.1%} and Presidio {c['pii_cpu_share']:.1%} of "
-                      "the server's CPU (medians)")
+                print(
+                    f" {n}/off paired by round: median {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; rounds "
+                    f"{' '.join(f'{x:.2f}' for x in c['ratios'])}); filter encoder's turns {c['filter_turn_share']:.1%} "
+                    f"of the round, classifier {c['filter_cpu_share']:.1%} and Presidio {c['pii_cpu_share']:.1%} of "
+                    "the server's CPU (medians)"
+                )
             if set(systems) != {"off", "on", "cache"}:
                 print("=" * 80)
                 if args.json:
@@ -355,37 +437,56 @@ def main() -> None:
         # target's measure, in the steady state (steady_throughput: the start's and the drain's
         # fixed time weigh more in the shorter hit round).
         of_bound = [a["output_throughput"] / c / bd for a, c, bd in zip(rounds["cache"], cold, bounds)]
-        of_bound_steady = [a["steady_output_throughput"] / c / bd
-                           for a, c, bd in zip(rounds["cache"], cold_steady, bounds)]
+        of_bound_steady = [
+            a["steady_output_throughput"] / c / bd for a, c, bd in zip(rounds["cache"], cold_steady, bounds)
+        ]
         bound = statistics.mean(bounds)
         steady = statistics.median(of_bound_steady)
         c = costs["on"]
-        print(f" gateway cost: on/off = {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; target <= 5 %) "
-              f"{'MET' if c['ratio'] >= 0.95 else 'MISSED'}; the checks' own CPU (classifier + Presidio) "
-              f"{c['filter_cpu_share'] + c['pii_cpu_share']:.1%} of the server's, encoder turns "
-              f"{c['filter_turn_share']:.1%} of the round")
-        print(f" cache: at a {statistics.mean(hit_rates):.1%} hit rate, Amdahl bound {bound:.3f}x (mean of rounds); "
-              f"the cache server against itself with nothing warmed, in the steady state {steady:.3f} of the "
-              f"bound, median of rounds ({' '.join(f'{x:.2f}' for x in of_bound_steady)}; target >= 0.95) "
-              f"{'MET' if steady >= 0.95 else 'MISSED'}; whole rounds, start and drain included "
-              f"{statistics.median(of_bound):.3f} ({' '.join(f'{x:.2f}' for x in of_bound)}); against the `on` server "
-              f"cache/on {cache_on:.2f}x = {statistics.median(of_bound_on):.3f} of the bound "
-              f"({' '.join(f'{x:.2f}' for x in of_bound_on)})")
-        print(f" cache hit latency, back to back on a quiet server: p50 {hit_ms['server_p50']:.2f} ms server-side "
-              f"(p95 {hit_ms['server_p95']:.2f} ms; client p50 {hit_ms['p50']:.1f} ms, p95 {hit_ms['p95']:.1f} ms); "
-              f"right after its miss: p50 {hit_ms['after_miss_server_p50']:.2f} ms server-side (client "
-              f"{hit_ms['after_miss_p50']:.1f} ms)")
-        print(f" /v1/moderations: batch 1 {moderation['sequential_per_s']:.1f} texts/s (p50 "
-              f"{moderation['sequential_p50_ms']:.1f} ms); batched {moderation['batched_per_s']:.1f} texts/s (p50 "
-              f"{moderation['batched_p50_ms']:.1f} ms, {moderation['concurrency']} in flight) = "
-              f"{moderation['batched_per_s'] / moderation['sequential_per_s']:.2f}x")
+        print(
+            f" gateway cost: on/off = {c['ratio']:.3f} (cost {1 - c['ratio']:+.1%}; target <= 5 %) "
+            f"{'MET' if c['ratio'] >= 0.95 else 'MISSED'}; the checks' own CPU (classifier + Presidio) "
+            f"{c['filter_cpu_share'] + c['pii_cpu_share']:.1%} of the server's, encoder turns "
+            f"{c['filter_turn_share']:.1%} of the round"
+        )
+        print(
+            f" cache: at a {statistics.mean(hit_rates):.1%} hit rate, Amdahl bound {bound:.3f}x (mean of rounds); "
+            f"the cache server against itself with nothing warmed, in the steady state {steady:.3f} of the "
+            f"bound, median of rounds ({' '.join(f'{x:.2f}' for x in of_bound_steady)}; target >= 0.95) "
+            f"{'MET' if steady >= 0.95 else 'MISSED'}; whole rounds, start and drain included "
+            f"{statistics.median(of_bound):.3f} ({' '.join(f'{x:.2f}' for x in of_bound)}); against the `on` server "
+            f"cache/on {cache_on:.2f}x = {statistics.median(of_bound_on):.3f} of the bound "
+            f"({' '.join(f'{x:.2f}' for x in of_bound_on)})"
+        )
+        print(
+            f" cache hit latency, back to back on a quiet server: p50 {hit_ms['server_p50']:.2f} ms server-side "
+            f"(p95 {hit_ms['server_p95']:.2f} ms; client p50 {hit_ms['p50']:.1f} ms, p95 {hit_ms['p95']:.1f} ms); "
+            f"right after its miss: p50 {hit_ms['after_miss_server_p50']:.2f} ms server-side (client "
+            f"{hit_ms['after_miss_p50']:.1f} ms)"
+        )
+        print(
+            f" /v1/moderations: batch 1 {moderation['sequential_per_s']:.1f} texts/s (p50 "
+            f"{moderation['sequential_p50_ms']:.1f} ms); batched {moderation['batched_per_s']:.1f} texts/s (p50 "
+            f"{moderation['batched_p50_ms']:.1f} ms, {moderation['concurrency']} in flight) = "
+            f"{moderation['batched_per_s'] / moderation['sequential_per_s']:.2f}x"
+        )
         print("=" * 80)
-        results.update(hit_rates=hit_rates, hit_latency_ms=hit_ms, moderation=moderation,
-                       ratios={"on_over_off": c["ratio"], "cache_over_on": cache_on, "amdahl_bound": bound,
-                               "cache_of_bound": steady, "cache_of_bound_rounds": of_bound_steady,
-                               "cache_of_bound_whole_rounds": of_bound,
-                               "cache_on_of_bound_rounds": of_bound_on, "cache_cold_tok_s": cold,
-                               "cache_cold_steady_tok_s": cold_steady})
+        results.update(
+            hit_rates=hit_rates,
+            hit_latency_ms=hit_ms,
+            moderation=moderation,
+            ratios={
+                "on_over_off": c["ratio"],
+                "cache_over_on": cache_on,
+                "amdahl_bound": bound,
+                "cache_of_bound": steady,
+                "cache_of_bound_rounds": of_bound_steady,
+                "cache_of_bound_whole_rounds": of_bound,
+                "cache_on_of_bound_rounds": of_bound_on,
+                "cache_cold_tok_s": cold,
+                "cache_cold_steady_tok_s": cold_steady,
+            },
+        )
         if args.json:
             args.json.write_text(json.dumps(results, indent=2, default=str))
     finally:
@@ -398,8 +499,13 @@ def train_filter(env: dict, method: str | None = None) -> bool:
     print(f"training the filter classifier ({method or 'the shipped method'})...", flush=True)
     t = time.perf_counter()
     extra = {"TUNELOOP__GATEWAY__FILTER_TRAINING__PARAMS": json.dumps({"method": method})} if method else {}
-    out = subprocess.run([sys.executable, "-m", "tuneloop.cli", "filter", "train", "--json"],
-                         env={**env, **extra}, capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "tuneloop.cli", "filter", "train", "--json"],
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if out.returncode != 0:
         raise SystemExit(f"filter train failed:\n{(out.stdout + out.stderr)[-3000:]}")
     print(f"  trained and promoted in {time.perf_counter() - t:.0f} s", flush=True)
@@ -410,10 +516,13 @@ def cost_of(rounds: list[dict], off_rounds: list[dict]) -> dict:
     """A system against `off`: the median of the per-round throughput ratios (round i of both
     ran back to back, so a drift of the shared host hits both alike) and its measured shares."""
     ratios = [a["output_throughput"] / b["output_throughput"] for a, b in zip(rounds, off_rounds)]
-    return {"ratio": statistics.median(ratios), "ratios": ratios,
-            "filter_turn_share": statistics.median(r.get("filter_turn_share", 0.0) for r in rounds),
-            "pii_cpu_share": statistics.median(r.get("pii_cpu_share", 0.0) for r in rounds),
-            "filter_cpu_share": statistics.median(r.get("filter_cpu_share", 0.0) for r in rounds)}
+    return {
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "filter_turn_share": statistics.median(r.get("filter_turn_share", 0.0) for r in rounds),
+        "pii_cpu_share": statistics.median(r.get("pii_cpu_share", 0.0) for r in rounds),
+        "filter_cpu_share": statistics.median(r.get("filter_cpu_share", 0.0) for r in rounds),
+    }
 
 
 def memory_check(results: dict) -> None:
@@ -428,8 +537,11 @@ def memory_check(results: dict) -> None:
     results["memory_available_gib"] = available / 2**30
     print(f"memory available with every server up: {available / 2**30:.1f} of {total / 2**30:.1f} GiB", flush=True)
     if available < 0.15 * total:
-        print("  WARNING: under 15 % of memory left; the servers may slow each other down (fewer --instances or "
-              "--systems, or --serving max_model_len=N)", flush=True)
+        print(
+            "  WARNING: under 15 % of memory left; the servers may slow each other down (fewer --instances or "
+            "--systems, or --serving max_model_len=N)",
+            flush=True,
+        )
 
 
 async def send_chat_stream_seeded(client: Client, req, seed: int):
@@ -467,8 +579,10 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
             # the app's own time in ms (tuneloop/api/middleware.py: ProcessingTimeMiddleware)
             into["server"].append(float(client.last_headers["server-timing"].partition("dur=")[2]) / 1000)
 
-    bodies = [{"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
-               "seed": 7} for req in reqs]
+    bodies = [
+        {"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0, "seed": 7}
+        for req in reqs
+    ]
     try:
         for body in bodies:
             await send(body)  # a miss: answers and fills the cache
@@ -481,18 +595,26 @@ async def hit_latency(url: str, headers: dict, reqs) -> dict:
 
     quiet = {side: percentiles(xs) for side, xs in back_to_back.items()}
     after = {side: percentiles(xs) for side, xs in after_miss.items()}
-    return {"server_p50": quiet["server"]["p50"], "server_p95": quiet["server"]["p95"],
-            "p50": quiet["client"]["p50"], "p95": quiet["client"]["p95"],
-            "after_miss_server_p50": after["server"]["p50"], "after_miss_p50": after["client"]["p50"],
-            "n": len(back_to_back["server"])}
+    return {
+        "server_p50": quiet["server"]["p50"],
+        "server_p95": quiet["server"]["p95"],
+        "p50": quiet["client"]["p50"],
+        "p95": quiet["client"]["p95"],
+        "after_miss_server_p50": after["server"]["p50"],
+        "after_miss_p50": after["client"]["p50"],
+        "n": len(back_to_back["server"]),
+    }
 
 
 async def moderation_throughput(url: str, headers: dict, n: int = 192, concurrency: int = 64) -> dict:
     import numpy as np
     import pandas as pd
 
-    texts = (pd.read_parquet(INJECTIONS).text.tolist() if INJECTIONS.exists() else
-             [f"sample text number {i} to classify" for i in range(n)])[:n]
+    texts = (
+        pd.read_parquet(INJECTIONS).text.tolist()
+        if INJECTIONS.exists()
+        else [f"sample text number {i} to classify" for i in range(n)]
+    )[:n]
 
     async def one(client, text):
         t = time.perf_counter()
@@ -517,9 +639,14 @@ async def moderation_throughput(url: str, headers: dict, n: int = 192, concurren
         par_s = time.perf_counter() - t
     finally:
         await client.close()
-    return {"sequential_per_s": len(texts) / seq_s, "sequential_p50_ms": float(np.percentile(seq, 50)),
-            "batched_per_s": len(texts) / par_s, "batched_p50_ms": float(np.percentile(par, 50)),
-            "concurrency": concurrency, "texts": len(texts)}
+    return {
+        "sequential_per_s": len(texts) / seq_s,
+        "sequential_p50_ms": float(np.percentile(seq, 50)),
+        "batched_per_s": len(texts) / par_s,
+        "batched_p50_ms": float(np.percentile(par, 50)),
+        "concurrency": concurrency,
+        "texts": len(texts),
+    }
 
 
 if __name__ == "__main__":

@@ -56,11 +56,11 @@ class Replay:
         self.answers = answers
 
     def submit(self, stream):
-        ids = self.answers[tuple(stream.prompt_ids)][:stream.params.max_new_tokens]
+        ids = self.answers[tuple(stream.prompt_ids)][: stream.params.max_new_tokens]
 
         async def run():
             for i in range(0, len(ids), CHUNK):
-                stream.emit(ids[i:i + CHUNK])
+                stream.emit(ids[i : i + CHUNK])
                 await asyncio.sleep(0.002)
             stream.finish("length")
 
@@ -77,9 +77,14 @@ def answers_of(loaded, requests) -> dict[tuple[int, ...], list[int]]:
         key = tuple(r.prompt_ids)
         if key not in out:
             ids = torch.tensor([r.prompt_ids])
-            gen = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                        max_new_tokens=longest, min_new_tokens=longest)
-            out[key] = gen[0, len(r.prompt_ids):].tolist()
+            gen = loaded.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+            )
+            out[key] = gen[0, len(r.prompt_ids) :].tolist()
     return out
 
 
@@ -88,15 +93,23 @@ async def drive(app, requests, key: str | None, concurrency: int) -> int:
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     errors = 0
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench",
-                                 headers=headers, timeout=60) as client:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://bench", headers=headers, timeout=60
+    ) as client:
         sem = asyncio.Semaphore(concurrency)
 
         async def one(r):
             nonlocal errors
             async with sem:
-                body = {"model": "tiny", "messages": r.messages, "max_tokens": r.max_tokens, "temperature": 0,
-                        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+                body = {
+                    "model": "tiny",
+                    "messages": r.messages,
+                    "max_tokens": r.max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "ignore_eos": True,
+                }
                 async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
                     data = b"".join([p async for p in resp.aiter_bytes()])
                     if resp.status_code != 200 or b'"error"' in data:
@@ -162,8 +175,9 @@ async def run(systems: dict, home: Path, loaded, requests, answers, args) -> Non
     built = {}
     try:
         for name, gateway in systems.items():
-            cfg = TuneloopConfig.model_validate({"paths": {"home": str(home)},
-                                                 "gateway": {**gateway, "cache": {"enabled": False}}})
+            cfg = TuneloopConfig.model_validate(
+                {"paths": {"home": str(home)}, "gateway": {**gateway, "cache": {"enabled": False}}}
+            )
             g = Gateway.from_config(cfg)
             await g.warm_up()
             key = g.keys.create(f"bench-{name}", "enterprise")[1] if g.keys is not None else None
@@ -187,14 +201,19 @@ async def run(systems: dict, home: Path, loaded, requests, answers, args) -> Non
                 t, p = time.thread_time() - t, time.process_time() - p
                 main_ms[name].append(t / len(requests) * 1000)
                 proc_ms[name].append(p / len(requests) * 1000)
-                print(f"rep {rep}/{args.reps}  {name}: main thread {main_ms[name][-1]:.3f} ms a request, process "
-                      f"{proc_ms[name][-1]:.3f}{f', {errors} errors' if errors else ''}", flush=True)
+                print(
+                    f"rep {rep}/{args.reps}  {name}: main thread {main_ms[name][-1]:.3f} ms a request, process "
+                    f"{proc_ms[name][-1]:.3f}{f', {errors} errors' if errors else ''}",
+                    flush=True,
+                )
         print("=" * 80)
         base = min(main_ms["off"]) if "off" in main_ms else None
         for name in built:
             over = "" if base is None else f", over off {min(main_ms[name]) - base:+.3f} ms"
-            print(f" {name:14s} main thread {min(main_ms[name]):.3f} ms a request (best of {args.reps}{over}); "
-                  f"process {min(proc_ms[name]):.3f} ms")
+            print(
+                f" {name:14s} main thread {min(main_ms[name]):.3f} ms a request (best of {args.reps}{over}); "
+                f"process {min(proc_ms[name]):.3f} ms"
+            )
         print("=" * 80)
     finally:
         for g, _, _ in built.values():

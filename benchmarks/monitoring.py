@@ -46,12 +46,25 @@ def main() -> None:
         batch = []
         for i in range(args.requests):
             messages = rng.choice(rows)[:-1]
-            batch.append({"kind": "request", "request_id": f"req_{rng.getrandbits(128):032x}",
-                          "time": utc_iso((now - timedelta(seconds=3500 * (1 - i / args.requests))).timestamp()),
-                          "route": "/v1/chat/completions", "status": 200, "key_id": "bench", "prompt": messages,
-                          "completions": ["positive"], "prompt_tokens": 40, "completion_tokens": 2,
-                          "ttft_s": rng.uniform(0.02, 0.2), "latency_s": rng.uniform(0.1, 1.5), "error_code": None,
-                          "prompt_redacted": True, "completion_redacted": True})
+            batch.append(
+                {
+                    "kind": "request",
+                    "request_id": f"req_{rng.getrandbits(128):032x}",
+                    "time": utc_iso((now - timedelta(seconds=3500 * (1 - i / args.requests))).timestamp()),
+                    "route": "/v1/chat/completions",
+                    "status": 200,
+                    "key_id": "bench",
+                    "prompt": messages,
+                    "completions": ["positive"],
+                    "prompt_tokens": 40,
+                    "completion_tokens": 2,
+                    "ttft_s": rng.uniform(0.02, 0.2),
+                    "latency_s": rng.uniform(0.1, 1.5),
+                    "error_code": None,
+                    "prompt_redacted": True,
+                    "completion_redacted": True,
+                }
+            )
         sink.write("requests", batch)
         sink.close()
         print(f"{args.requests} logged requests written; running one monitoring pass ...", flush=True)
@@ -65,10 +78,14 @@ def main() -> None:
         result = monitor(cfg, emit=None, progress=progress)
         total = time.perf_counter() - started
     d = result["drift"]
-    print(f"\ndrift detected: {d['detected']} (scores {d['scores']}); drift computation {d['seconds']:.1f} s "
-          f"(embedded {d['embedded_rows']})")
-    print(f"monitoring run over {result['window']['requests']} requests: {total:.1f} s "
-          f"(target < 30 s) {'MET' if total < 30 else 'MISSED'}")
+    print(
+        f"\ndrift detected: {d['detected']} (scores {d['scores']}); drift computation {d['seconds']:.1f} s "
+        f"(embedded {d['embedded_rows']})"
+    )
+    print(
+        f"monitoring run over {result['window']['requests']} requests: {total:.1f} s "
+        f"(target < 30 s) {'MET' if total < 30 else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

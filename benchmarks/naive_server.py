@@ -75,8 +75,11 @@ def create_app(model_dir: str, num_threads: int | None = None):
             "created": int(time.time()),
             "model": req.model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(new_ids),
-                      "total_tokens": prompt_tokens + len(new_ids)},
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(new_ids),
+                "total_tokens": prompt_tokens + len(new_ids),
+            },
         }
 
     return app
@@ -91,8 +94,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--num-threads", type=int, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
-    uvicorn.run(create_app(args.model_dir, args.num_threads), host=args.host, port=args.port,
-                log_level="warning")
+    uvicorn.run(create_app(args.model_dir, args.num_threads), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

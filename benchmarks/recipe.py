@@ -29,8 +29,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TUNELOOP = str(Path(sys.executable).parent / "tuneloop")
 SHARED_T0 = ROOT.parent / "shared" / "data" / "t0-amazon-polarity"
-SHOWN = ("exact_match", "label_accuracy", "majority_label", "majority_label_per_template", "eval_loss",
-         "behaviour_pass_rate")
+SHOWN = (
+    "exact_match",
+    "label_accuracy",
+    "majority_label",
+    "majority_label_per_template",
+    "eval_loss",
+    "behaviour_pass_rate",
+)
 
 
 def run(config: str, data: str | None, home: Path, sets: list[str]) -> dict:
@@ -47,8 +53,10 @@ def run(config: str, data: str | None, home: Path, sets: list[str]) -> dict:
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
         for line in proc.stderr:  # progress as it comes: the flow's tasks and the job's steps
             tail = (tail + [line])[-200:]
-            if any(k in line for k in ("[train] step", "early stopping", "kept checkpoint", "Finished in state",
-                                       ": {\"eval_loss\"")):
+            if any(
+                k in line
+                for k in ("[train] step", "early stopping", "kept checkpoint", "Finished in state", ': {"eval_loss"')
+            ):
                 print("  " + line.rstrip().split(" - ", 1)[-1][-160:], flush=True)
         proc.wait()
         stdout.seek(0)
@@ -56,7 +64,7 @@ def run(config: str, data: str | None, home: Path, sets: list[str]) -> dict:
     if proc.returncode != 0:
         print("".join(tail)[-4000:], file=sys.stderr)
         raise SystemExit(f"tuneloop train failed ({proc.returncode})")
-    summary = json.loads(out[out.index("{\n"):])
+    summary = json.loads(out[out.index("{\n") :])
     summary["wall_s"] = round(time.time() - started, 1)
     return summary
 
@@ -75,21 +83,38 @@ def show(name: str, summary: dict) -> dict:
     for row in (summary.get("wrong_answers") or [])[:3]:
         print(f"  wrong: {row['id']}: expected {row['expected']!r}, got {row['generated']!r}")
     floor = ch.get("majority_label_per_template", ch.get("majority_label", 0.0))
-    return {"name": name, "label_accuracy": ch.get("label_accuracy"), "exact_match": ch.get("exact_match"),
-            "base_label_accuracy": base.get("label_accuracy"), "floor": floor, "majority_label": ch.get("majority_label"),
-            "best_step": summary.get("best_step"), "minutes": round(summary["wall_s"] / 60, 1),
-            "blessed": summary["blessed"], "notes": summary.get("recipe_notes")}
+    return {
+        "name": name,
+        "label_accuracy": ch.get("label_accuracy"),
+        "exact_match": ch.get("exact_match"),
+        "base_label_accuracy": base.get("label_accuracy"),
+        "floor": floor,
+        "majority_label": ch.get("majority_label"),
+        "best_step": summary.get("best_step"),
+        "minutes": round(summary["wall_s"] / 60, 1),
+        "blessed": summary["blessed"],
+        "notes": summary.get("recipe_notes"),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/smollm2.yaml")
-    parser.add_argument("--data", action="append", default=[],
-                        help="a training file or folder instead of the config's (repeatable: one run each)")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        help="a training file or folder instead of the config's (repeatable: one run each)",
+    )
     parser.add_argument("--shared", action="store_true", help="also run on ../shared/data/t0-amazon-polarity")
     parser.add_argument("--no-default", action="store_true", help="skip the run on the config's own data")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every run, e.g. training.recipe_max_steps=120")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run, e.g. training.recipe_max_steps=120",
+    )
     parser.add_argument("--home", help="state folder (default: a new temporary one per run)")
     parser.add_argument("--margin", type=float, default=0.1)
     parser.add_argument("--json", help="write the results here")
@@ -109,8 +134,10 @@ def main() -> int:
     print("\n| data | base label acc. | majority (per template) | fine-tune label acc. | exact match | kept step |")
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['name']} | {r['base_label_accuracy']:.3f} | {r['majority_label']:.3f} ({r['floor']:.3f}) | "
-              f"**{r['label_accuracy']:.3f}** | {r['exact_match']:.3f} | {r['best_step']} |")
+        print(
+            f"| {r['name']} | {r['base_label_accuracy']:.3f} | {r['majority_label']:.3f} ({r['floor']:.3f}) | "
+            f"**{r['label_accuracy']:.3f}** | {r['exact_match']:.3f} | {r['best_step']} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     short = [r["name"] for r in results if r["label_accuracy"] < r["floor"] + args.margin]

@@ -86,8 +86,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from tests.support.servers import GATEWAY_OFF, free_port, service  # noqa: E402
 from tuneloop.config import ServingConfig, load_config  # noqa: E402
 
-SYSTEMS = ["naive", "adaptive", "continuous", "slots", "slots-nolog", "slots-transformers", "slots-thread",
-           "slots-process", "slots-lossy", "slots-transformers-lossy", "inprocess", "vllm"]
+SYSTEMS = [
+    "naive",
+    "adaptive",
+    "continuous",
+    "slots",
+    "slots-nolog",
+    "slots-transformers",
+    "slots-thread",
+    "slots-process",
+    "slots-lossy",
+    "slots-transformers-lossy",
+    "inprocess",
+    "vllm",
+]
 DEFAULT_SYSTEMS = ["naive", "adaptive", "continuous", "slots", "inprocess"]  # vllm needs its own venv
 LABELS = {"adaptive": "(b) adaptive", "continuous": "(c) continuous", "slots": "(c2) slots"}
 # opt-in (--systems slots,slots-nolog): the slots engine with the request log off, to measure the log's cost
@@ -100,14 +112,17 @@ LOSSY_LABEL = "(c7) slots, fused, bfloat16-lossy"
 # the slots engine's variants: system -> (label, settings on top of the shipped ones); opt-in
 # slots-thread / slots-process: the engine on the server's thread or in a process of its own
 # (serving.engine_process), whichever the shipped setting is
-SLOTS_VARIANTS = {"slots-nolog": (NOLOG_LABEL, {"TUNELOOP__REQUEST_LOG__ENABLED": "false"}),
-                  "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"}),
-                  "slots-lossy": (LOSSY_LABEL, {"TUNELOOP__SERVING__DTYPE": "bfloat16-lossy"}),
-                  "slots-transformers-lossy": (LOSSY_LABEL.replace("fused", "transformers'"),
-                                               {"TUNELOOP__SERVING__DTYPE": "bfloat16-lossy",
-                                                "TUNELOOP__SERVING__FORWARD": "transformers"}),
-                  "slots-thread": ("(c5) slots, engine on a thread", {"TUNELOOP__SERVING__ENGINE_PROCESS": "false"}),
-                  "slots-process": ("(c6) slots, engine in its own process", {"TUNELOOP__SERVING__ENGINE_PROCESS": "true"})}
+SLOTS_VARIANTS = {
+    "slots-nolog": (NOLOG_LABEL, {"TUNELOOP__REQUEST_LOG__ENABLED": "false"}),
+    "slots-transformers": (TRANSFORMERS_LABEL, {"TUNELOOP__SERVING__FORWARD": "transformers"}),
+    "slots-lossy": (LOSSY_LABEL, {"TUNELOOP__SERVING__DTYPE": "bfloat16-lossy"}),
+    "slots-transformers-lossy": (
+        LOSSY_LABEL.replace("fused", "transformers'"),
+        {"TUNELOOP__SERVING__DTYPE": "bfloat16-lossy", "TUNELOOP__SERVING__FORWARD": "transformers"},
+    ),
+    "slots-thread": ("(c5) slots, engine on a thread", {"TUNELOOP__SERVING__ENGINE_PROCESS": "false"}),
+    "slots-process": ("(c6) slots, engine in its own process", {"TUNELOOP__SERVING__ENGINE_PROCESS": "true"}),
+}
 VLLM_LABEL = "(e) vLLM"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"  # `make vllm-venv` builds it
 DATA = ROOT / "data" / "sample" / "train.jsonl"
@@ -128,8 +143,9 @@ class BenchRequest:
     ignore_eos: bool = False  # --ignore-eos: generate max_tokens whatever the model says
 
 
-def build_workload(path: Path, tokenizer, num_requests: int, min_tokens: int, max_tokens: int,
-                   seed: int) -> list[BenchRequest]:
+def build_workload(
+    path: Path, tokenizer, num_requests: int, min_tokens: int, max_tokens: int, seed: int
+) -> list[BenchRequest]:
     """num_requests chat prompts from path (seeded choice, with repeats if needed) and their max_tokens."""
     conversations = []
     for line_no, line in enumerate(path.read_text().splitlines(), 1):
@@ -213,8 +229,9 @@ def steady_throughput(results: list[RequestResult], skip: float = 0.15) -> float
     return tokens / (end - start)
 
 
-async def run_workload(requests: list[BenchRequest], send, concurrency: int, request_rate: float,
-                       seed: int, progress_label: str) -> tuple[list[RequestResult], float]:
+async def run_workload(
+    requests: list[BenchRequest], send, concurrency: int, request_rate: float, seed: int, progress_label: str
+) -> tuple[list[RequestResult], float]:
     """Send every request through send(req) -> RequestResult, at most `concurrency` at a time.
 
     request_rate inf: all requests are ready at t=0 (fixed concurrency, closed loop);
@@ -224,8 +241,14 @@ async def run_workload(requests: list[BenchRequest], send, concurrency: int, req
 
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(seed + 1)
-    bar = tqdm(total=len(requests), desc=progress_label, unit="req", leave=False, file=sys.stderr,
-               disable=not sys.stderr.isatty())
+    bar = tqdm(
+        total=len(requests),
+        desc=progress_label,
+        unit="req",
+        leave=False,
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+    )
 
     async def one(req: BenchRequest) -> RequestResult:
         async with gate:
@@ -273,8 +296,10 @@ class Client:
     async def post(self, path: str, payload: dict):
         """(status, an async iterator of body pieces as they arrive); the connection is reused once the body is read."""
         data = json.dumps(payload).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n{self.extra_headers}\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n{self.extra_headers}\r\n"
+        ).encode()
         for attempt in (1, 2):
             reused = bool(self._idle)
             reader, writer = self._idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
@@ -327,8 +352,14 @@ class Client:
 
 async def send_chat_stream(client: Client, req: BenchRequest) -> RequestResult:
     """One streamed /v1/chat/completions request; timings from its SSE events."""
-    body = {"model": MODEL_NAME, "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL_NAME,
+        "messages": req.messages,
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if req.ignore_eos:  # vLLM's extension, which tuneloop serves too: every request generates max_tokens
         body["ignore_eos"] = True
     result = RequestResult()
@@ -378,16 +409,24 @@ async def send_naive(client: Client, req: BenchRequest) -> RequestResult:
         return RequestResult(error=f"HTTP {status}: {text[:200].decode(errors='replace')}")
     e2e = time.perf_counter() - sent
     usage = json.loads(text)["usage"]
-    return RequestResult(ok=True, prompt_tokens=usage["prompt_tokens"], output_tokens=usage["completion_tokens"],
-                         ttft=e2e, e2e=e2e, streamed=False)
+    return RequestResult(
+        ok=True,
+        prompt_tokens=usage["prompt_tokens"],
+        output_tokens=usage["completion_tokens"],
+        ttft=e2e,
+        e2e=e2e,
+        streamed=False,
+    )
 
 
-async def drive_http(url: str, requests: list[BenchRequest], send, args, label: str,
-                     headers: dict[str, str] | None = None):
+async def drive_http(
+    url: str, requests: list[BenchRequest], send, args, label: str, headers: dict[str, str] | None = None
+):
     client = Client(url, headers)
     try:
-        return await run_workload(requests, lambda r: send(client, r), args.concurrency,
-                                  args.request_rate, args.seed, label)
+        return await run_workload(
+            requests, lambda r: send(client, r), args.concurrency, args.request_rate, args.seed, label
+        )
     finally:
         await client.close()
 
@@ -430,9 +469,12 @@ def measure_agreement(measurables: list[Measurable], reference, serving: Serving
                 out[m.label] = {"unmeasured": f"its chat route answered {got[0][1:-1]}"}
                 print(f"agreement {m.label}: {agreement_text(out[m.label])}", flush=True)
                 continue
-            row = {"exact": sum(g.strip() == w.strip() for g, w in zip(got, wanted)), "of": len(wanted),
-                   "word_prefix": sum(word_prefix(w, g) for g, w in zip(got, wanted)) / len(wanted),
-                   "first_answer": got[0][:60]}
+            row = {
+                "exact": sum(g.strip() == w.strip() for g, w in zip(got, wanted)),
+                "of": len(wanted),
+                "word_prefix": sum(word_prefix(w, g) for g, w in zip(got, wanted)) / len(wanted),
+                "first_answer": got[0][:60],
+            }
         if m.serving is not None or m.label == "(d) in-process":
             config = ServingConfig(**{**serving.model_dump(), **(m.serving or {})})
             report = reference.compare(config)
@@ -453,8 +495,10 @@ def agreement_text(row: dict | None) -> str:
     if "unmeasured" in row:
         return f"not measured ({row['unmeasured']})"
     top1 = f", top-1 {row['top1']:.4f}" if "top1" in row else ""
-    return (f"{row['exact']}/{row['of']} greedy equal, word-prefix {row['word_prefix']:.3f}{top1}"
-            f" ({'passes' if row['passes'] else 'FAILS'})")
+    return (
+        f"{row['exact']}/{row['of']} greedy equal, word-prefix {row['word_prefix']:.3f}{top1}"
+        f" ({'passes' if row['passes'] else 'FAILS'})"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -467,12 +511,22 @@ def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     a = np.asarray(values) * 1000.0  # milliseconds
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-            "p99": float(np.percentile(a, 99))}
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p95": float(np.percentile(a, 95)),
+        "p99": float(np.percentile(a, 99)),
+    }
 
 
-def summarize(name: str, requests: list[BenchRequest], results: list[RequestResult], duration: float,
-              extra: dict | None = None, burst: int = 0) -> dict:
+def summarize(
+    name: str,
+    requests: list[BenchRequest],
+    results: list[RequestResult],
+    duration: float,
+    extra: dict | None = None,
+    burst: int = 0,
+) -> dict:
     """burst: how many of the first requests went out together at the start (the clients' first)."""
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -531,9 +585,14 @@ def print_system(s: dict) -> None:
         rows.append(("  rounds (tok/s; median shown)", " / ".join(f"{x:.0f}" for x in s["rounds_tok_s"])))
     for label, value in rows:
         print(f"{label:<34}{value:>26}")
-    for key, label in [("ttft_ms", "TTFT"), ("ttft_burst_ms", "  of the opening burst"),
-                       ("ttft_later_ms", "  of the later requests"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
-                       ("e2e_ms", "E2E latency")]:
+    for key, label in [
+        ("ttft_ms", "TTFT"),
+        ("ttft_burst_ms", "  of the opening burst"),
+        ("ttft_later_ms", "  of the later requests"),
+        ("tpot_ms", "TPOT"),
+        ("itl_ms", "ITL"),
+        ("e2e_ms", "E2E latency"),
+    ]:
         p = s.get(key)
         if p is None:
             continue
@@ -542,10 +601,14 @@ def print_system(s: dict) -> None:
             continue
         values = f"{p['mean']:>8.0f}{p['p50']:>6.0f}{p['p95']:>6.0f}{p['p99']:>6.0f}"
         print(f"{label + ' (ms) mean/p50/p95/p99':<34}{values}")
-    for key, label in [("mean_batch_size", "Mean batch size (server)"), ("server_cpu", "Server CPU (cores busy)"),
-                       ("log_cpu_share", "  of which the request log (share)"),
-                       ("client_cpu", "Client CPU (cores busy)"), ("others_cpu", "Other processes' CPU (cores)"),
-                       ("load", "Load avg before -> after")]:
+    for key, label in [
+        ("mean_batch_size", "Mean batch size (server)"),
+        ("server_cpu", "Server CPU (cores busy)"),
+        ("log_cpu_share", "  of which the request log (share)"),
+        ("client_cpu", "Client CPU (cores busy)"),
+        ("others_cpu", "Other processes' CPU (cores)"),
+        ("load", "Load avg before -> after"),
+    ]:
         if key in s:
             v = s[key]
             shown = v if isinstance(v, str) else f"{v:.2%}" if key == "log_cpu_share" else f"{v:.2f}"
@@ -561,8 +624,10 @@ def print_comparison(summaries: list[dict]) -> None:
     naive = by.get("(a) naive")
     limit = by.get("(d) in-process")
     print(f"\n{'=' * 100}\n side by side\n{'=' * 100}")
-    head = (f"{'system':<16}{'ok/fail':>9}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}"
-            f"{'TPOT p50':>10}{'ITL p50':>9}{'E2E p50':>9}{'E2E p99':>9}{'x (a)':>8}{'x (d)':>8}{'others':>8}")
+    head = (
+        f"{'system':<16}{'ok/fail':>9}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'TTFT p99':>10}"
+        f"{'TPOT p50':>10}{'ITL p50':>9}{'E2E p50':>9}{'E2E p99':>9}{'x (a)':>8}{'x (d)':>8}{'others':>8}"
+    )
     print(head)
 
     def ms(s, key, q):
@@ -575,62 +640,85 @@ def print_comparison(summaries: list[dict]) -> None:
 
     for s in summaries:
         ra, rd = ratio(s, naive, 1), ratio(s, limit, 2)
-        print(f"{s['system']:<16}{s['completed']:>5}/{s['failed']:<3}{s['request_throughput']:>8.2f}"
-              f"{s['output_throughput']:>11.1f}{ms(s, 'ttft_ms', 'p50'):>10}{ms(s, 'ttft_ms', 'p99'):>10}"
-              f"{ms(s, 'tpot_ms', 'p50'):>10}{ms(s, 'itl_ms', 'p50'):>9}{ms(s, 'e2e_ms', 'p50'):>9}"
-              f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}")
-    print("(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
-          "used during the run)")
-    print("\nagreement with transformers' float32 answers (tuneloop/serving/agreement.py; bar: >= 23/24 "
-          "greedy answers equal and top-1 >= 0.99):")
+        print(
+            f"{s['system']:<16}{s['completed']:>5}/{s['failed']:<3}{s['request_throughput']:>8.2f}"
+            f"{s['output_throughput']:>11.1f}{ms(s, 'ttft_ms', 'p50'):>10}{ms(s, 'ttft_ms', 'p99'):>10}"
+            f"{ms(s, 'tpot_ms', 'p50'):>10}{ms(s, 'itl_ms', 'p50'):>9}{ms(s, 'e2e_ms', 'p50'):>9}"
+            f"{ms(s, 'e2e_ms', 'p99'):>9}{ra:>8}{rd:>8}{s.get('others_cpu', 0.0):>8.2f}"
+        )
+    print(
+        "(latencies in ms; x (a), x (d): output tok/s over (a)'s and (d)'s; others: cores other processes "
+        "used during the run)"
+    )
+    print(
+        "\nagreement with transformers' float32 answers (tuneloop/serving/agreement.py; bar: >= 23/24 "
+        "greedy answers equal and top-1 >= 0.99):"
+    )
     for s in summaries:
         print(f"  {s['system']:<40} {s['output_throughput']:>7.1f} tok/s   {agreement_text(s.get('agreement'))}")
     if (logged := by.get(LABELS["slots"])) and (unlogged := by.get(NOLOG_LABEL)):
         # Paired per round (the two ran minutes apart at most), median over rounds, as the verdicts below.
         per_round = [a / b for a, b in zip(logged["rounds_tok_s"], unlogged["rounds_tok_s"]) if b]
         cost = float(statistics.median_low(per_round))
-        print(f"\nrequest log: (c2) / (c3) output tok/s, median per round = {cost:.3f} (rounds "
-              f"{' / '.join(f'{r:.2f}' for r in per_round)}; cost {1 - cost:+.1%}; target <= 2 %) "
-              f"{'MET' if cost >= 0.98 else 'MISSED'}")
+        print(
+            f"\nrequest log: (c2) / (c3) output tok/s, median per round = {cost:.3f} (rounds "
+            f"{' / '.join(f'{r:.2f}' for r in per_round)}; cost {1 - cost:+.1%}; target <= 2 %) "
+            f"{'MET' if cost >= 0.98 else 'MISSED'}"
+        )
         if shares := logged.get("log_cpu_shares"):
-            print(f"request log: its own CPU (event loop + writer + redactor) per round "
-                  f"{' / '.join(f'{x:.2%}' for x in shares)} of (c2)'s server CPU (median "
-                  f"{(share := statistics.median_low(shares)):.2%}; the server is CPU-bound, so this is the "
-                  f"throughput it takes; target <= 2 %) {'MET' if share <= 0.02 else 'MISSED'}")
+            print(
+                f"request log: its own CPU (event loop + writer + redactor) per round "
+                f"{' / '.join(f'{x:.2%}' for x in shares)} of (c2)'s server CPU (median "
+                f"{(share := statistics.median_low(shares)):.2%}; the server is CPU-bound, so this is the "
+                f"throughput it takes; target <= 2 %) {'MET' if share <= 0.02 else 'MISSED'}"
+            )
     if (fused := by.get(LABELS["slots"])) and (theirs := by.get(TRANSFORMERS_LABEL)):
         per_round = [a / b for a, b in zip(fused["rounds_tok_s"], theirs["rounds_tok_s"]) if b]
         gain = float(statistics.median_low(per_round))
-        print(f"\nforward: (c2) / (c4) output tok/s, median per round = {gain:.2f}x (rounds "
-              f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(fused, 'ttft_ms', 'p50')} vs "
-              f"{ms(theirs, 'ttft_ms', 'p50')} ms (c2's forward: see its server log)")
+        print(
+            f"\nforward: (c2) / (c4) output tok/s, median per round = {gain:.2f}x (rounds "
+            f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(fused, 'ttft_ms', 'p50')} vs "
+            f"{ms(theirs, 'ttft_ms', 'p50')} ms (c2's forward: see its server log)"
+        )
     if (apart := by.get(SLOTS_VARIANTS["slots-process"][0])) and (thread := by.get(SLOTS_VARIANTS["slots-thread"][0])):
         per_round = [a / b for a, b in zip(apart["rounds_tok_s"], thread["rounds_tok_s"]) if b]
         gain = float(statistics.median_low(per_round))
-        print(f"\nengine process: (c6) / (c5) output tok/s, median per round = {gain:.2f}x (rounds "
-              f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(apart, 'ttft_ms', 'p50')} vs "
-              f"{ms(thread, 'ttft_ms', 'p50')} ms, TPOT p50 {ms(apart, 'tpot_ms', 'p50')} vs "
-              f"{ms(thread, 'tpot_ms', 'p50')} ms")
+        print(
+            f"\nengine process: (c6) / (c5) output tok/s, median per round = {gain:.2f}x (rounds "
+            f"{' / '.join(f'{r:.2f}' for r in per_round)}); TTFT p50 {ms(apart, 'ttft_ms', 'p50')} vs "
+            f"{ms(thread, 'ttft_ms', 'p50')} ms, TPOT p50 {ms(apart, 'tpot_ms', 'p50')} vs "
+            f"{ms(thread, 'tpot_ms', 'p50')} ms"
+        )
     engines = [by[k] for k in LABELS.values() if k in by]
     if engines:
         best = max(engines, key=lambda s: s["output_throughput"])
         print(f"\nbest engine: {best['system']} at {best['output_throughput']:.1f} output tok/s")
-        print("  (per round: the two systems' throughputs of the same round, measured minutes apart at most, so\n"
-              "   a drift of the host cancels out; the verdict takes the median of them)")
+        print(
+            "  (per round: the two systems' throughputs of the same round, measured minutes apart at most, so\n"
+            "   a drift of the host cancels out; the verdict takes the median of them)"
+        )
         peer = by.get(VLLM_LABEL)
-        for base, name, target, digits in [(naive, "(a) naive", 10.0, 1), (limit, "(d) in-process", 0.8, 2),
-                                           (peer, VLLM_LABEL, 1.0, 2)]:
+        for base, name, target, digits in [
+            (naive, "(a) naive", 10.0, 1),
+            (limit, "(d) in-process", 0.8, 2),
+            (peer, VLLM_LABEL, 1.0, 2),
+        ]:
             if not base or not base["output_throughput"]:
                 continue
             of_medians = best["output_throughput"] / base["output_throughput"]
             per_round = [b / a for b, a in zip(best.get("rounds_tok_s", []), base.get("rounds_tok_s", [])) if a]
             paired = float(statistics.median_low(per_round)) if per_round else of_medians
             rounds = " / ".join(f"{r:.{digits}f}" for r in per_round)
-            print(f"  vs {name + ':':<16} {paired:5.{digits}f}x  per round {rounds or 'n/a'}; of the medians "
-                  f"{of_medians:.{digits}f}  (target >= {target:g}x: {'met' if paired >= target else 'MISSED'})")
+            print(
+                f"  vs {name + ':':<16} {paired:5.{digits}f}x  per round {rounds or 'n/a'}; of the medians "
+                f"{of_medians:.{digits}f}  (target >= {target:g}x: {'met' if paired >= target else 'MISSED'})"
+            )
             if base is peer and best["ttft_ms"] and peer["ttft_ms"]:
                 ours, theirs = best["ttft_ms"]["p50"], peer["ttft_ms"]["p50"]
-                print(f"  TTFT p50 vs {VLLM_LABEL}: {ours:.0f} ms vs {theirs:.0f} ms "
-                      f"(target: equal or lower: {'met' if ours <= theirs else 'MISSED'})")
+                print(
+                    f"  TTFT p50 vs {VLLM_LABEL}: {ours:.0f} ms vs {theirs:.0f} ms "
+                    f"(target: equal or lower: {'met' if ours <= theirs else 'MISSED'})"
+                )
 
 
 # ---------------------------------------------------------------------------------------
@@ -702,8 +790,10 @@ def wait_until_quiet(max_wait_s: float, busy_cores: float = 0.3) -> None:
             print(f"  other processes use {busy:.1f} cores: waiting up to {max_wait_s:.0f} s for quiet", flush=True)
             waited = True
         if time.monotonic() > deadline:
-            print(f"  machine still busy ({busy:.1f} cores used by others) after {max_wait_s:.0f} s: "
-                  "measuring anyway", flush=True)
+            print(
+                f"  machine still busy ({busy:.1f} cores used by others) after {max_wait_s:.0f} s: measuring anyway",
+                flush=True,
+            )
             return
         time.sleep(3.0)
 
@@ -743,15 +833,24 @@ class Measurable:
 def naive_system(model_dir: Path, requests, args, work: Path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "naive_server.py"), "--model-dir", str(model_dir),
-           "--port", str(port)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "naive_server.py"),
+        "--model-dir",
+        str(model_dir),
+        "--port",
+        str(port),
+    ]
     if args.num_threads:
         cmd += ["--num-threads", str(args.num_threads)]
     print(f"\n(a) naive: starting {url} ...", flush=True)
     with service(cmd, f"{url}/health", work / "naive.log", timeout=180, cwd=ROOT) as proc:
         # Warm-up outside the measurement (first-call costs), as the engines do at startup.
-        warm, _ = asyncio.run(drive_http(url, requests[:2], send_naive,
-                                         argparse.Namespace(**{**vars(args), "concurrency": 1}), "(a) warm-up"))
+        warm, _ = asyncio.run(
+            drive_http(
+                url, requests[:2], send_naive, argparse.Namespace(**{**vars(args), "concurrency": 1}), "(a) warm-up"
+            )
+        )
         if failed := [r.error for r in warm if not r.ok]:
             raise RuntimeError(f"warm-up request failed: {failed[0]}")
 
@@ -788,8 +887,17 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
     env.update(settings)
     if args.num_threads:
         env["TUNELOOP__SERVING__NUM_THREADS"] = str(args.num_threads)
-    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bentoml",
+        "serve",
+        "bentos.service:TuneloopLLM",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     print(f"\n{label}: starting bentoml serve on {url} ...", flush=True)
     started = time.perf_counter()
     with service(cmd, f"{url}/readyz", work / f"serve-{variant or engine}.log", env=env, timeout=240, cwd=ROOT) as proc:
@@ -810,8 +918,11 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
                 extra["notes"] = [f"{int(batches)} {unit}; mean batch size = rows per {per}"]
             return results, duration, extra
 
-        settings_of = {k.removeprefix("TUNELOOP__SERVING__").lower(): v for k, v in env.items()
-                       if k.startswith("TUNELOOP__SERVING__")}
+        settings_of = {
+            k.removeprefix("TUNELOOP__SERVING__").lower(): v
+            for k, v in env.items()
+            if k.startswith("TUNELOOP__SERVING__")
+        }
         yield [Measurable(label, once, url=url, serving={**args.serving, **settings_of} if engine == "slots" else None)]
 
 
@@ -825,9 +936,23 @@ def vllm_system(model_dir: Path, requests, args, work: Path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     longest = max(len(r.prompt_ids) + r.max_tokens for r in requests)
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", MODEL_NAME, "--dtype", args.vllm_dtype, "--max-model-len", str(max(longest, 512)),
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        MODEL_NAME,
+        "--dtype",
+        args.vllm_dtype,
+        "--max-model-len",
+        str(max(longest, 512)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     # KV cache space in GiB (vLLM's CPU backend); its front end and engine core share the host.
     env = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     print(f"\n{VLLM_LABEL}: starting vLLM ({args.vllm_dtype}) on {url} ...", flush=True)
@@ -894,9 +1019,11 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
                 live.pop().stop()
 
         async def send(req: BenchRequest) -> RequestResult:
-            stream = GenerationStream(f"bench-{req.index}-{time.perf_counter_ns()}", req.prompt_ids,
-                                      SamplingParams(max_new_tokens=req.max_tokens, temperature=0.0,
-                                                     ignore_eos=req.ignore_eos))
+            stream = GenerationStream(
+                f"bench-{req.index}-{time.perf_counter_ns()}",
+                req.prompt_ids,
+                SamplingParams(max_new_tokens=req.max_tokens, temperature=0.0, ignore_eos=req.ignore_eos),
+            )
             sent = time.perf_counter()
             live[-1].submit(stream)
             return await consume(stream, sent)
@@ -924,17 +1051,22 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
 
     def offline(batcher) -> Measurable:
         """Left-padded generate over offline batches of similar length (the adaptive engine's kernel at its best)."""
+
         async def run() -> tuple[list[RequestResult], float]:
             loop = asyncio.get_running_loop()
             order = sorted(requests, key=lambda r: r.max_tokens)
             results: dict[int, RequestResult] = {}
             started = time.perf_counter()
             for i in range(0, len(order), args.concurrency):
-                group = order[i:i + args.concurrency]
-                streams = [GenerationStream(f"static-{r.index}", r.prompt_ids,
-                                            SamplingParams(max_new_tokens=r.max_tokens, temperature=0.0,
-                                                           ignore_eos=r.ignore_eos))
-                           for r in group]
+                group = order[i : i + args.concurrency]
+                streams = [
+                    GenerationStream(
+                        f"static-{r.index}",
+                        r.prompt_ids,
+                        SamplingParams(max_new_tokens=r.max_tokens, temperature=0.0, ignore_eos=r.ignore_eos),
+                    )
+                    for r in group
+                ]
                 sent = time.perf_counter()
                 consumers = [asyncio.create_task(consume(s, sent)) for s in streams]
                 await loop.run_in_executor(None, batcher.run, streams)
@@ -949,8 +1081,12 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
         asyncio.run(warm())
 
         def once():
-            extra = {"notes": [f"left-padded generate, offline batches of {args.concurrency} sorted by max_tokens "
-                               "(latencies from each batch's start)"]}
+            extra = {
+                "notes": [
+                    f"left-padded generate, offline batches of {args.concurrency} sorted by max_tokens "
+                    "(latencies from each batch's start)"
+                ]
+            }
             with measured(extra):
                 results, duration = asyncio.run(run())
             return results, duration, extra
@@ -965,9 +1101,14 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
             candidates.append(fed(lambda: SlotEngine.from_config(loaded, serving), "slots", stack, per_round=False))
         if "continuous" in args.inprocess_modes:
             loaded_c = load_model(model_dir, args.num_threads, serving.dtype)
-            candidates.append(fed(lambda: ContinuousEngine(loaded_c, serving.num_blocks, serving.page_size,
-                                                           serving.max_batch_tokens),
-                                  "continuous", stack, per_round=True))
+            candidates.append(
+                fed(
+                    lambda: ContinuousEngine(loaded_c, serving.num_blocks, serving.page_size, serving.max_batch_tokens),
+                    "continuous",
+                    stack,
+                    per_round=True,
+                )
+            )
         if "static" in args.inprocess_modes:
             candidates.append(offline(BatchGenerator(load_model(model_dir, args.num_threads, serving.dtype))))
         freeze_heap()  # as the server does after its warm-up
@@ -977,8 +1118,10 @@ def inprocess_systems(model_dir: Path, requests, args, serving: ServingConfig):
 def best_of_candidates(candidates: list[dict]) -> dict:
     """(d) is the best of its candidates; each one's throughput is printed."""
     for c in candidates:
-        print(f"  (d) candidate: {c['notes'][0]}: {c['output_throughput']:.1f} output tok/s "
-              f"(other processes used {c['others_cpu']:.2f} cores meanwhile)")
+        print(
+            f"  (d) candidate: {c['notes'][0]}: {c['output_throughput']:.1f} output tok/s "
+            f"(other processes used {c['others_cpu']:.2f} cores meanwhile)"
+        )
     best = dict(max(candidates, key=lambda s: s["output_throughput"]))
     best["mode"] = best["notes"][0]
     best["candidates"] = {c["notes"][0]: c["output_throughput"] for c in candidates}
@@ -1003,50 +1146,90 @@ def parse_serving(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ServingConfig.model_fields:
-            raise SystemExit(f"--serving {item!r}: expected KEY=VALUE with KEY a serving setting "
-                             f"({', '.join(ServingConfig.model_fields)})")
+            raise SystemExit(
+                f"--serving {item!r}: expected KEY=VALUE with KEY a serving setting "
+                f"({', '.join(ServingConfig.model_fields)})"
+            )
         out[key] = value
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-requests", type=int, default=192)
     parser.add_argument("--quick", action="store_true", help="64 requests (overrides --num-requests)")
     parser.add_argument("--concurrency", type=int, default=32, help="clients in flight at most")
-    parser.add_argument("--request-rate", type=float, default=math.inf,
-                        help="Poisson arrivals per second (default inf: all at once, fixed concurrency)")
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="Poisson arrivals per second (default inf: all at once, fixed concurrency)",
+    )
     parser.add_argument("--min-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
-                        help=f"comma-separated subset of {SYSTEMS} (default: all but vllm)")
-    parser.add_argument("--ignore-eos", action="store_true",
-                        help="every request generates its max_tokens (not the naive server, which cannot)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma-separated subset of {SYSTEMS} (default: all but vllm)",
+    )
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="every request generates its max_tokens (not the naive server, which cannot)",
+    )
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON, help="python of the vLLM venv")
-    parser.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="vLLM's --dtype (default float32: the reference's answers; bfloat16 is faster here and answers differently)")
+    parser.add_argument(
+        "--vllm-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="vLLM's --dtype (default float32: the reference's answers; bfloat16 is faster here and answers differently)",
+    )
     parser.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE (whole GiB)")
-    parser.add_argument("--inprocess-modes", default="slots,continuous,static",
-                        help="(d) candidates: slots, continuous (engines at the same concurrency), "
-                             "static (padded batches)")
+    parser.add_argument(
+        "--inprocess-modes",
+        default="slots,continuous,static",
+        help="(d) candidates: slots, continuous (engines at the same concurrency), static (padded batches)",
+    )
     parser.add_argument("--model-dir", type=Path, help="model folder (default: the bootstrap base model)")
     parser.add_argument("--data", type=Path, default=DATA, help="chat JSONL the prompts come from")
     parser.add_argument("--num-threads", type=int, help="torch threads for every system (default: each one's default)")
-    parser.add_argument("--serving", action="append", default=[], metavar="KEY=VALUE",
-                        help="serving setting for both engines and (d), e.g. max_batch_tokens=256 (repeatable)")
-    parser.add_argument("--wait-quiet", type=float, default=120.0, metavar="SECONDS",
-                        help="before each system, wait up to this long for other processes to go quiet (0: don't)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="measure each system this many times back to back (same server) and report the "
-                             "median round (default 3)")
+    parser.add_argument(
+        "--serving",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="serving setting for both engines and (d), e.g. max_batch_tokens=256 (repeatable)",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="before each system, wait up to this long for other processes to go quiet (0: don't)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measure each system this many times back to back (same server) and report the median round (default 3)",
+    )
     parser.add_argument("--json", type=Path, help="also write the summaries here")
-    parser.add_argument("--no-agreement", dest="agreement", action="store_false",
-                        help="skip the agreement check (every system's answers against transformers' float32)")
-    parser.add_argument("--gateway", choices=["off", "pii"], default="off",
-                        help="off: no gateway stage; pii: its PII redaction on, as shipped (auth, filter, cache "
-                             "off): the request log's cost in the shipped configuration")
+    parser.add_argument(
+        "--no-agreement",
+        dest="agreement",
+        action="store_false",
+        help="skip the agreement check (every system's answers against transformers' float32)",
+    )
+    parser.add_argument(
+        "--gateway",
+        choices=["off", "pii"],
+        default="off",
+        help="off: no gateway stage; pii: its PII redaction on, as shipped (auth, filter, cache "
+        "off): the request log's cost in the shipped configuration",
+    )
     args = parser.parse_args()
     # A plain SIGTERM would skip the `finally`s that stop the servers: make it an exit.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1073,20 +1256,26 @@ def main() -> None:
         for r in requests:
             r.ignore_eos = True
     rate = "inf (fixed concurrency)" if not math.isfinite(args.request_rate) else f"{args.request_rate}/s Poisson"
-    print(f"model {model_dir}\nworkload: {len(requests)} requests from {args.data}, max_tokens "
-          f"{args.min_tokens}-{args.max_tokens} (requested total {sum(r.max_tokens for r in requests)}), "
-          f"prompt tokens mean {sum(len(r.prompt_ids) for r in requests) / len(requests):.0f}, "
-          f"concurrency {args.concurrency}, arrivals {rate}, greedy\n"
-          f"cores {os.cpu_count()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
-          f"torch threads {args.num_threads or 'default'}, serving overrides {args.serving or 'none'}", flush=True)
+    print(
+        f"model {model_dir}\nworkload: {len(requests)} requests from {args.data}, max_tokens "
+        f"{args.min_tokens}-{args.max_tokens} (requested total {sum(r.max_tokens for r in requests)}), "
+        f"prompt tokens mean {sum(len(r.prompt_ids) for r in requests) / len(requests):.0f}, "
+        f"concurrency {args.concurrency}, arrivals {rate}, greedy\n"
+        f"cores {os.cpu_count()}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
+        f"torch threads {args.num_threads or 'default'}, serving overrides {args.serving or 'none'}",
+        flush=True,
+    )
 
     reference = None
     if args.agreement:  # transformers' float32 answers, computed once for every system
         from tuneloop.serving.agreement import Reference, load_prompts
 
         reference = Reference(model_dir, prompts=load_prompts()[:24])
-        print(f"agreement reference: transformers float32, 24 prompts, in {reference.seconds:.0f} s; first answer "
-              f"{reference.loaded.tokenizer.decode(reference.answers[0], skip_special_tokens=True)[:60]!r}", flush=True)
+        print(
+            f"agreement reference: transformers float32, 24 prompts, in {reference.seconds:.0f} s; first answer "
+            f"{reference.loaded.tokenizer.decode(reference.answers[0], skip_special_tokens=True)[:60]!r}",
+            flush=True,
+        )
     work = Path(tempfile.mkdtemp(prefix="tuneloop-serving-bench-"))
     summaries = []
     try:
@@ -1114,13 +1303,16 @@ def main() -> None:
             rounds: dict[int, list[dict]] = {i: [] for i in range(len(measurables))}
             for r in range(1, args.rounds + 1):
                 order = list(enumerate(measurables))
-                for i, m in (order if r % 2 else order[::-1]):
+                for i, m in order if r % 2 else order[::-1]:
                     wait_until_quiet(args.wait_quiet)
                     results, duration, extra = m.once()
                     burst = args.concurrency if math.isinf(args.request_rate) else 0
                     rounds[i].append(summarize(m.label, requests, results, duration, extra, burst))
-                    print(f"round {r}/{args.rounds}  {m.label} {m.mode}: {rounds[i][-1]['output_throughput']:.1f} "
-                          f"output tok/s", flush=True)
+                    print(
+                        f"round {r}/{args.rounds}  {m.label} {m.mode}: {rounds[i][-1]['output_throughput']:.1f} "
+                        f"output tok/s",
+                        flush=True,
+                    )
             # 3. Each configuration's answers against the reference (after the rounds: its CPU
             #    stays out of them), while the servers still run.
             agreements = measure_agreement(measurables, reference, serving) if reference is not None else {}
@@ -1142,10 +1334,17 @@ def main() -> None:
         if summaries:
             print_comparison(summaries)
         if args.json:
-            args.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, (Path, set)) else v)
-                                                      for k, v in vars(args).items()},
-                                             "summaries": summaries}, indent=2))
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "args": {k: (str(v) if isinstance(v, (Path, set)) else v) for k, v in vars(args).items()},
+                        "summaries": summaries,
+                    },
+                    indent=2,
+                )
+            )
         shutil.rmtree(work, ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

@@ -57,8 +57,11 @@ def write_examples(path: Path) -> str:
         rng = random.Random(0)
         words = "great awful fine broken lovely poor sturdy cheap quick slow".split()
         examples = [
-            Example(example_id=f"synthetic:{i}", prompt=f"Review: {' '.join(rng.choices(words, k=60))}\nAnswer:",
-                    completion=" Yes" if i % 2 else " No")
+            Example(
+                example_id=f"synthetic:{i}",
+                prompt=f"Review: {' '.join(rng.choices(words, k=60))}\nAnswer:",
+                completion=" Yes" if i % 2 else " No",
+            )
             for i in range(200)
         ]
         source = f"synthetic ({DATA} absent)"
@@ -87,21 +90,32 @@ def run(args: argparse.Namespace, work: Path) -> None:
     data = work / "train.jsonl"
     source = write_examples(data)
     training = TrainingConfig(
-        max_steps=args.steps, per_device_batch_size=args.batch_size, max_length=args.max_length,
-        save_steps=10**9, logging_steps=max(1, args.steps // 3), warmup_ratio=0.0,
+        max_steps=args.steps,
+        per_device_batch_size=args.batch_size,
+        max_length=args.max_length,
+        save_steps=10**9,
+        logging_steps=max(1, args.steps // 3),
+        warmup_ratio=0.0,
     )
     print(f"model {base} ({BootstrapConfig().n_layer}x{BootstrapConfig().n_embd} GPT-2); data {source}")
-    print(f"{args.steps} steps, {args.batch_size} sequences per process per step, max_length {args.max_length}, "
-          f"{os.cpu_count()} CPU cores\n")
+    print(
+        f"{args.steps} steps, {args.batch_size} sequences per process per step, max_length {args.max_length}, "
+        f"{os.cpu_count()} CPU cores\n"
+    )
 
     rows = []
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     for label, n, launcher, zero, threads in SETUPS:
         spec = TrainSpec(
-            name=f"setup-{len(rows)}", base_model=str(base), train_path=str(data), eval_path=None,
-            output_dir=str(work / f"run-{len(rows)}"), training=training.model_dump(mode="json", exclude={"candidates"}),
+            name=f"setup-{len(rows)}",
+            base_model=str(base),
+            train_path=str(data),
+            eval_path=None,
+            output_dir=str(work / f"run-{len(rows)}"),
+            training=training.model_dump(mode="json", exclude={"candidates"}),
             deepspeed_config=str(ROOT / "configs" / "deepspeed" / f"{zero}.json") if zero else None,
-            num_processes=n, launcher=launcher,
+            num_processes=n,
+            launcher=launcher,
         )
         saved = os.environ.get("OMP_NUM_THREADS")
         if threads:
@@ -114,8 +128,16 @@ def run(args: argparse.Namespace, work: Path) -> None:
             if saved is not None:
                 os.environ["OMP_NUM_THREADS"] = saved
         wall = time.perf_counter() - started
-        rows.append({"setup": label, "processes": n, "omp_threads": threads or "default", "tokens_per_second": result["tokens_per_second"],
-                     "train_tokens": result["train_tokens"], "wall_s": round(wall, 1)})
+        rows.append(
+            {
+                "setup": label,
+                "processes": n,
+                "omp_threads": threads or "default",
+                "tokens_per_second": result["tokens_per_second"],
+                "train_tokens": result["train_tokens"],
+                "wall_s": round(wall, 1),
+            }
+        )
         print(f"  {label}: {result['tokens_per_second']:.0f} tokens/s, {wall:.0f} s wall", flush=True)
 
     print(f"load average after: {os.getloadavg()[0]:.1f}")
@@ -123,11 +145,23 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print(f"\n{'setup':<18} {'procs':>5} {'tokens/s':>10} {'vs single':>9} {'wall s':>7}")
     for r in rows:
         r["ratio_to_single"] = round(r["tokens_per_second"] / single, 2)
-        print(f"{r['setup']:<18} {r['processes']:>5} {r['tokens_per_second']:>10.0f} "
-              f"{r['ratio_to_single']:>8.2f}x {r['wall_s']:>7.1f}")
+        print(
+            f"{r['setup']:<18} {r['processes']:>5} {r['tokens_per_second']:>10.0f} "
+            f"{r['ratio_to_single']:>8.2f}x {r['wall_s']:>7.1f}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"steps": args.steps, "batch_size": args.batch_size, "data": source,
-                                         "cpu_count": os.cpu_count(), "results": rows}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "steps": args.steps,
+                    "batch_size": args.batch_size,
+                    "data": source,
+                    "cpu_count": os.cpu_count(),
+                    "results": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -148,7 +148,9 @@ class TuneloopLLM:
 
         self.engine = None  # an engine with its own generation thread (slots, continuous)
         if SERVING.engine == "slots" and SERVING.engine_process:
-            self.engine = EngineProcess(loaded, SERVING, on_batch, self.metrics.observe_turn if SERVING.cpu_turns else None)
+            self.engine = EngineProcess(
+                loaded, SERVING, on_batch, self.metrics.observe_turn if SERVING.cpu_turns else None
+            )
         elif SERVING.engine == "slots":
             self.engine = SlotEngine.from_config(loaded, SERVING, on_batch)
             if SERVING.cpu_turns and loaded.model.device.type == "cpu":
@@ -156,12 +158,19 @@ class TuneloopLLM:
         elif SERVING.engine == "vllm":
             logs = CONFIG.home / "logs"
             logs.mkdir(parents=True, exist_ok=True)
-            self.engine = VLLMEngine(loaded, SERVING.vllm_python, dtype=vllm_dtype(SERVING.dtype),
-                                     max_model_len=SERVING.max_model_len, kv_cache_gib=SERVING.kv_cache_gib,
-                                     extra_args=SERVING.vllm_args, log_path=logs / f"vllm-{os.getpid()}.log")
+            self.engine = VLLMEngine(
+                loaded,
+                SERVING.vllm_python,
+                dtype=vllm_dtype(SERVING.dtype),
+                max_model_len=SERVING.max_model_len,
+                kv_cache_gib=SERVING.kv_cache_gib,
+                extra_args=SERVING.vllm_args,
+                log_path=logs / f"vllm-{os.getpid()}.log",
+            )
         elif SERVING.engine == "continuous":
-            self.engine = ContinuousEngine(loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens,
-                                           on_batch=on_batch)
+            self.engine = ContinuousEngine(
+                loaded, SERVING.num_blocks, SERVING.page_size, SERVING.max_batch_tokens, on_batch=on_batch
+            )
         if self.engine is not None:
             self.engine.launch()
             if hasattr(self.engine, "wait_loaded"):  # the engine's process: fail the start as load_model would
@@ -202,12 +211,18 @@ class TuneloopLLM:
             if engine_ready is not None:
                 await asyncio.to_thread(engine_ready.wait)
                 if not self.engine.is_running:
-                    raise RuntimeError(f"the {SERVING.engine} engine did not start: "
-                                       f"{getattr(self.engine, 'failed', None) or 'see the log'}")
+                    raise RuntimeError(
+                        f"the {SERVING.engine} engine did not start: "
+                        f"{getattr(self.engine, 'failed', None) or 'see the log'}"
+                    )
             if hasattr(self.engine, "compile_mode"):  # slots: say which forward, and whether start-up compiled it
-                log.info("forward: %s; torch.compile: %s", self.engine.forward_name,
-                         f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
-                         if self.engine.compiled else "off")
+                log.info(
+                    "forward: %s; torch.compile: %s",
+                    self.engine.forward_name,
+                    f"{self.engine.compile_mode} ({self.engine.compile_seconds:.1f} s)"
+                    if self.engine.compiled
+                    else "off",
+                )
             t0 = time.perf_counter()
             await self.gateway.warm_up()
             t1 = time.perf_counter()
@@ -215,8 +230,13 @@ class TuneloopLLM:
                 await asyncio.to_thread(self.request_log.warm_up)
             t2 = time.perf_counter()
             seconds = await warm_up(self.server, SERVING.warmup_requests)
-            log.info("warm-up done in %.1f s (before it: gateway %.1f s, waiting for the request log's redactor "
-                     "%.1f s): ready", seconds, t1 - t0, t2 - t1)
+            log.info(
+                "warm-up done in %.1f s (before it: gateway %.1f s, waiting for the request log's redactor "
+                "%.1f s): ready",
+                seconds,
+                t1 - t0,
+                t2 - t1,
+            )
             self._monitoring_task = asyncio.get_running_loop().create_task(self._export_monitoring())
             self._follow_champion()
         except Exception:
@@ -232,8 +252,10 @@ class TuneloopLLM:
             return
         watcher = ChampionWatcher(CONFIG, self.server, self.engine, SERVING.follow_champion_s, self.metrics)
         self._champion_task = asyncio.get_running_loop().create_task(watcher.run())
-        log.info("following the registry's champion (every %g s): a new one is swapped in without a restart",
-                 SERVING.follow_champion_s)
+        log.info(
+            "following the registry's champion (every %g s): a new one is swapped in without a restart",
+            SERVING.follow_champion_s,
+        )
 
     async def _export_monitoring(self) -> None:
         """The latest monitoring run's scores on /metrics (tuneloop/monitoring/exporter.py)."""
@@ -269,8 +291,12 @@ class TuneloopLLM:
             def handler(signum, frame, previous=previous):
                 if self.server is not None and not self.server.draining:
                     self.server.draining = True
-                    log.warning("signal %d: draining: no new requests; %d generations in flight get up to %.0f s",
-                                signum, self.server.admission.in_flight, SERVING.shutdown_grace_s)
+                    log.warning(
+                        "signal %d: draining: no new requests; %d generations in flight get up to %.0f s",
+                        signum,
+                        self.server.admission.in_flight,
+                        SERVING.shutdown_grace_s,
+                    )
                     loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
                 if callable(previous):
                     previous(signum, frame)
@@ -282,8 +308,11 @@ class TuneloopLLM:
         while self.server.admission.in_flight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         if self.server.admission.in_flight > 0:
-            log.warning("drain: %d generations still running after %.0f s: ending them",
-                        self.server.admission.in_flight, SERVING.shutdown_grace_s)
+            log.warning(
+                "drain: %d generations still running after %.0f s: ending them",
+                self.server.admission.in_flight,
+                SERVING.shutdown_grace_s,
+            )
             if self.engine is not None:
                 await asyncio.to_thread(self.engine.stop)
         else:
@@ -298,6 +327,7 @@ class TuneloopLLM:
             await asyncio.to_thread(self.request_log.close)
 
     if SERVING.engine == "adaptive":  # the other engines have no batch route at all
+
         @bentoml.api(
             batchable=True,
             max_batch_size=SERVING.max_batch_size,
@@ -376,8 +406,13 @@ class _BentoBatchingBackend:
         except BentoMLException as exc:
             status = int(getattr(exc, "error_code", 500))
             if status == 503:  # BentoML's batcher shed it: predicted over max_latency_ms
-                stream.finish("error", Unavailable("the server is overloaded (batch queue over its latency "
-                                                   "budget); retry shortly", retry_after_s=SERVING.retry_after_s))
+                stream.finish(
+                    "error",
+                    Unavailable(
+                        "the server is overloaded (batch queue over its latency budget); retry shortly",
+                        retry_after_s=SERVING.retry_after_s,
+                    ),
+                )
             else:
                 log.error("generate_batch failed for %s: %s", stream.request_id, exc)
                 stream.finish("error", InternalError("generation failed; see the server log"))

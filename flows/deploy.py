@@ -45,10 +45,19 @@ def infra_validate(cfg: TuneloopConfig, bento_tag: str):
 
 
 @task(cache_policy=NO_CACHE)
-def conclude(cfg: TuneloopConfig, info, model_tag: str, bento_tag: str, validation, require_champion: bool,
-             target: str | None, previous: str | None):
-    return conclude_deployment(cfg, info, model_tag, bento_tag, validation, require_champion, target, previous,
-                               progress=get_run_logger().info)
+def conclude(
+    cfg: TuneloopConfig,
+    info,
+    model_tag: str,
+    bento_tag: str,
+    validation,
+    require_champion: bool,
+    target: str | None,
+    previous: str | None,
+):
+    return conclude_deployment(
+        cfg, info, model_tag, bento_tag, validation, require_champion, target, previous, progress=get_run_logger().info
+    )
 
 
 def deployment_markdown(cfg: TuneloopConfig, result) -> str:
@@ -74,16 +83,27 @@ def deployment_markdown(cfg: TuneloopConfig, result) -> str:
             md += ["", "Server log (end):", "", "```", v.log_tail[-2500:], "```"]
     else:
         dockerfile = bento_path(cfg, result.bento_tag) / "env" / "docker" / "Dockerfile"
-        md += ["", "Serve it: `tuneloop serve`, or", "", "```",
-               f"BENTOML_HOME={cfg.bentoml_home} bentoml serve {result.bento_tag}", "```", "",
-               f"Image (needs Docker; Dockerfile: `{dockerfile}`):", "", "```",
-               containerize_command(cfg, result.bento_tag), "```"]
+        md += [
+            "",
+            "Serve it: `tuneloop serve`, or",
+            "",
+            "```",
+            f"BENTOML_HOME={cfg.bentoml_home} bentoml serve {result.bento_tag}",
+            "```",
+            "",
+            f"Image (needs Docker; Dockerfile: `{dockerfile}`):",
+            "",
+            "```",
+            containerize_command(cfg, result.bento_tag),
+            "```",
+        ]
     return "\n".join(md)
 
 
 @flow(name="deploy-champion", log_prints=True)
-def deploy_champion_flow(config_path: str | None = None, version: str | None = None, target: str | None = None,
-                         raise_on_failure: bool = True) -> dict[str, Any]:
+def deploy_champion_flow(
+    config_path: str | None = None, version: str | None = None, target: str | None = None, raise_on_failure: bool = True
+) -> dict[str, Any]:
     """Package the champion (or `version`) as a bento, prove it serves, mark it deployed.
 
     With a version given (the training flow passes the one it promoted) it is still only
@@ -103,10 +123,14 @@ def deploy_champion_flow(config_path: str | None = None, version: str | None = N
         t_build = time.perf_counter() - t
         validation = infra_validate(cfg, bento_tag)
         result = conclude(cfg, info, model_tag, bento_tag, validation, True, target, previous)
-        result.seconds = {"import": round(t_import, 1), "build": round(t_build, 1),
-                          "infra_validation": validation.seconds}
+        result.seconds = {
+            "import": round(t_import, 1),
+            "build": round(t_build, 1),
+            "infra_validation": validation.seconds,
+        }
     create_markdown_artifact(
-        key="deployment", markdown=deployment_markdown(cfg, result),
+        key="deployment",
+        markdown=deployment_markdown(cfg, result),
         description="Champion packaged as a bento and infra-validated",
     )
     if not result.deployed and raise_on_failure:

@@ -51,8 +51,9 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
 
 
 @flow(name="filter-training", log_prints=True)
-def filter_training_flow(config_path: str | None = None, data: str | None = None,
-                         eval_data: str | None = None) -> dict[str, Any]:
+def filter_training_flow(
+    config_path: str | None = None, data: str | None = None, eval_data: str | None = None
+) -> dict[str, Any]:
     import mlflow
 
     started = time.time()
@@ -62,8 +63,15 @@ def filter_training_flow(config_path: str | None = None, data: str | None = None
     with mlflow.start_run(run_name="filter-training") as run:
         out_dir = cfg.home / "filter-runs" / run.info.run_id
         result = train(cfg, out_dir, Path(data) if data else None, Path(eval_data) if eval_data else None)
-        mlflow.log_params({"train_path": str(cfg.resolve(data or t.train_path)), "target_fpr": t.target_fpr,
-                           "test_fraction": t.test_fraction, "seed": t.seed, **result.params})
+        mlflow.log_params(
+            {
+                "train_path": str(cfg.resolve(data or t.train_path)),
+                "target_fpr": t.target_fpr,
+                "test_fraction": t.test_fraction,
+                "seed": t.seed,
+                **result.params,
+            }
+        )
         mlflow.log_metrics(numeric(result.metrics))
         mlflow.log_metrics({f"baseline.{k}": v for k, v in numeric(result.baseline).items()})
         if result.external is not None:
@@ -75,22 +83,34 @@ def filter_training_flow(config_path: str | None = None, data: str | None = None
         champion_version, champion_metrics = score_champion(cfg, result.test_path)
         if champion_metrics:
             mlflow.log_metrics({f"champion.{k}": v for k, v in numeric(champion_metrics).items()})
-        version, blessing = register_and_bless(cfg, run.info.run_id, numeric(result.metrics), champion_metrics,
-                                               champion_version)
+        version, blessing = register_and_bless(
+            cfg, run.info.run_id, numeric(result.metrics), champion_metrics, champion_version
+        )
         promotion, refused = promote(cfg, version, blessing, champion_version) if blessing.blessed else (None, None)
         summary = {
-            "run_id": run.info.run_id, "registered_model": t.registered_model, "version": version,
-            "method": result.method, "metrics": result.metrics, "baseline": result.baseline,
-            "external": result.external, "external_path": str(result.external_path) if result.external_path else None,
-            "champion_before": champion_version, "champion_metrics": champion_metrics,
-            "blessed": blessing.blessed, "reasons": blessing.reasons,
-            "promoted": bool(promotion and promotion.promoted), "promotion_refused": refused,
+            "run_id": run.info.run_id,
+            "registered_model": t.registered_model,
+            "version": version,
+            "method": result.method,
+            "metrics": result.metrics,
+            "baseline": result.baseline,
+            "external": result.external,
+            "external_path": str(result.external_path) if result.external_path else None,
+            "champion_before": champion_version,
+            "champion_metrics": champion_metrics,
+            "blessed": blessing.blessed,
+            "reasons": blessing.reasons,
+            "promoted": bool(promotion and promotion.promoted),
+            "promotion_refused": refused,
             "champion_after": version if promotion and promotion.promoted else champion_version,
             "seconds": round(time.time() - started, 1),
         }
         mlflow.log_dict(summary, "summary.json")
     create_markdown_artifact(
-        key="filter-training", description="Content-filter classifier vs baseline; blessing and promotion",
-        markdown=result.report.read_text() + f"\n\nversion {version}: {'blessed' if blessing.blessed else 'NOT blessed'}"
-        f" ({'; '.join(blessing.reasons)}); champion after: {summary['champion_after']}\n")
+        key="filter-training",
+        description="Content-filter classifier vs baseline; blessing and promotion",
+        markdown=result.report.read_text()
+        + f"\n\nversion {version}: {'blessed' if blessing.blessed else 'NOT blessed'}"
+        f" ({'; '.join(blessing.reasons)}); champion after: {summary['champion_after']}\n",
+    )
     return summary

@@ -30,37 +30,57 @@ EXPERIMENT = "tuneloop-monitoring"
 def emit(event: str, payload: dict, cfg) -> None:
     from prefect.events import emit_event
 
-    emit_event(event=event, resource={"prefect.resource.id": f"tuneloop.model.{cfg.mlflow.registered_model}",
-                                      "prefect.resource.name": cfg.mlflow.registered_model},
-               payload=payload)
+    emit_event(
+        event=event,
+        resource={
+            "prefect.resource.id": f"tuneloop.model.{cfg.mlflow.registered_model}",
+            "prefect.resource.name": cfg.mlflow.registered_model,
+        },
+        payload=payload,
+    )
 
 
 @task(cache_policy=NO_CACHE)
 def monitor_window(cfg, since: str | None, until: str | None) -> dict:
-    return monitor(cfg, parse_since(since), parse_since(until), emit=lambda e, p: emit(e, p, cfg),
-                   progress=get_run_logger().info)
+    return monitor(
+        cfg, parse_since(since), parse_since(until), emit=lambda e, p: emit(e, p, cfg), progress=get_run_logger().info
+    )
 
 
 @flow(name="monitoring", log_prints=True)
-def monitoring_flow(config_path: str | None = None, since: str | None = None, until: str | None = None) -> dict[str, Any]:
+def monitoring_flow(
+    config_path: str | None = None, since: str | None = None, until: str | None = None
+) -> dict[str, Any]:
     import mlflow
 
     cfg = load_config(config_path)
     result = monitor_window(cfg, since, until)
     setup_mlflow(cfg, experiment=EXPERIMENT)
     with mlflow.start_run(run_name=f"monitoring-{result['window']['until'][:16]}") as run:
-        mlflow.log_params({"since": result["window"]["since"], "until": result["window"]["until"],
-                           "reference_version": result["reference"].get("version"),
-                           "reference_source": result["reference"].get("source")})
-        metrics = {"requests": result["window"]["requests"], "drift_detected": float(result["drift"]["detected"]),
-                   **{f"drift.{k}": v for k, v in result["drift"]["scores"].items()},
-                   **{f"slo.{k}": v for k, v in numeric(result["slo"]["values"]).items()}}
+        mlflow.log_params(
+            {
+                "since": result["window"]["since"],
+                "until": result["window"]["until"],
+                "reference_version": result["reference"].get("version"),
+                "reference_source": result["reference"].get("source"),
+            }
+        )
+        metrics = {
+            "requests": result["window"]["requests"],
+            "drift_detected": float(result["drift"]["detected"]),
+            **{f"drift.{k}": v for k, v in result["drift"]["scores"].items()},
+            **{f"slo.{k}": v for k, v in numeric(result["slo"]["values"]).items()},
+        }
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None})
         mlflow.log_artifacts(result["dir"], "monitoring")
         result["mlflow_run_id"] = run.info.run_id
-    create_markdown_artifact(key="monitoring", markdown=summary_markdown(result),
-                             description="Drift and service health of the last window")
+    create_markdown_artifact(
+        key="monitoring", markdown=summary_markdown(result), description="Drift and service health of the last window"
+    )
     if result["report"]:
-        create_link_artifact(key="drift-report", link=f"file://{result['report']}",
-                             description="Evidently drift report (also in MLflow, experiment tuneloop-monitoring)")
+        create_link_artifact(
+            key="drift-report",
+            link=f"file://{result['report']}",
+            description="Evidently drift report (also in MLflow, experiment tuneloop-monitoring)",
+        )
     return result

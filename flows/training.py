@@ -35,8 +35,16 @@ from tuneloop.training.launch import candidate_specs
 from tuneloop.validation import token_budget, validate_prepared
 
 # training keys logged as trained.* params of each candidate (its schedule, however chosen)
-RECIPE_KEYS = ("max_steps", "learning_rate", "save_steps", "warmup_ratio", "per_device_batch_size", "lora",
-               "early_stopping", "method")
+RECIPE_KEYS = (
+    "max_steps",
+    "learning_rate",
+    "save_steps",
+    "warmup_ratio",
+    "per_device_batch_size",
+    "lora",
+    "early_stopping",
+    "method",
+)
 
 
 class ValidationFailed(Exception):
@@ -61,8 +69,7 @@ def validate_data(cfg: TuneloopConfig, prepared):
     report = validate_prepared(cfg, prepared)
     create_markdown_artifact(
         key="data-validation",
-        markdown=f"# Data validation: {'passed' if report.success else 'FAILED'}\n\n```\n{report.summary()}\n```\n\n"
-        "",
+        markdown=f"# Data validation: {'passed' if report.success else 'FAILED'}\n\n```\n{report.summary()}\n```\n\n",
         description="Great Expectations gate on the training set",
     )
     if not report.success:
@@ -81,8 +88,9 @@ def train_candidate(spec, k8s=None):
 def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> tuple[dict[str, Any], list[dict]]:
     """(metrics, predictions): every eval row's expected and generated answer."""
     result = evaluate_model(model_ref, examples, cfg.evaluation, progress=False)
-    get_run_logger().info("%s: %s", label, json.dumps(
-        {k: v for k, v in result.metrics.items() if "/" not in k}, default=float))
+    get_run_logger().info(
+        "%s: %s", label, json.dumps({k: v for k, v in result.metrics.items() if "/" not in k}, default=float)
+    )
     return result.metrics, prediction_rows(result)
 
 
@@ -95,8 +103,9 @@ def check_behaviour(cfg: TuneloopConfig, model_ref: str, label: str, examples) -
         get_run_logger().info("%s: behaviour suite %s skipped: %s", label, skip["suite"], skip["reason"])
     if result["ran"]:
         passed = len(result["cases"]) - len(result["failures"])
-        get_run_logger().info("%s: behaviour suites %s: %d/%d passed", label, result["suite"], passed,
-                              len(result["cases"]))
+        get_run_logger().info(
+            "%s: behaviour suites %s: %d/%d passed", label, result["suite"], passed, len(result["cases"])
+        )
     return result
 
 
@@ -111,14 +120,27 @@ def champion_snapshot(cfg: TuneloopConfig):
 
 
 @task(cache_policy=NO_CACHE)
-def register_and_bless(cfg: TuneloopConfig, run_id: str, model_dir: str, metrics: dict, champion_metrics,
-                       champion_version, tags, not_applicable=None):
+def register_and_bless(
+    cfg: TuneloopConfig,
+    run_id: str,
+    model_dir: str,
+    metrics: dict,
+    champion_metrics,
+    champion_version,
+    tags,
+    not_applicable=None,
+):
     """Register the challenger and record the TFX-style blessing on its version."""
     registry = ModelRegistry.from_config(cfg)
     version = registry.register(run_id, model_dir, tags=tags)
     registry.set_challenger(version)
-    blessing = bless(metrics, champion_metrics, cfg.blessing.thresholds, baseline_version=champion_version,
-                     not_applicable=not_applicable)
+    blessing = bless(
+        metrics,
+        champion_metrics,
+        cfg.blessing.thresholds,
+        baseline_version=champion_version,
+        not_applicable=not_applicable,
+    )
     registry.record_blessing(version, blessing)
     return version, blessing
 
@@ -128,7 +150,9 @@ def promote(cfg: TuneloopConfig, version: str, blessing, champion_version):
     """Compare-and-set against the champion seen before evaluation; returns (promotion, refusal)."""
     try:
         promotion = ModelRegistry.from_config(cfg).promote(
-            version, expected_champion=champion_version, reason="blessed: " + "; ".join(blessing.reasons),
+            version,
+            expected_champion=champion_version,
+            reason="blessed: " + "; ".join(blessing.reasons),
             actor="training-flow",
         )
         return promotion, None
@@ -141,8 +165,13 @@ def with_init_from(cfg: TuneloopConfig, init_from: str) -> TuneloopConfig:
     """cfg with training.init_from set, validated like the key it overrides. Only the keys the
     file set stay set: training.recipe auto chooses the others, and a full dump would make
     them all explicit (a drift-triggered retrain then ran with LoRA's defaults, r 8 on q/v)."""
-    return cfg.model_copy(update={"training": cfg.training.model_validate(
-        {**cfg.training.model_dump(exclude_unset=True), "init_from": init_from})})
+    return cfg.model_copy(
+        update={
+            "training": cfg.training.model_validate(
+                {**cfg.training.model_dump(exclude_unset=True), "init_from": init_from}
+            )
+        }
+    )
 
 
 def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
@@ -151,8 +180,9 @@ def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
 
 
 @flow(name="training", log_prints=True)
-def training_flow(config_path: str | None = None, data: str | None = None, eval_data: str | None = None,
-                  init_from: str | None = None) -> dict[str, Any]:
+def training_flow(
+    config_path: str | None = None, data: str | None = None, eval_data: str | None = None, init_from: str | None = None
+) -> dict[str, Any]:
     """Fine-tune candidates on N processes, evaluate against base and champion, bless, promote,
     then package the new champion as a bento and infra-validate it (flows/deploy.py).
 
@@ -210,9 +240,16 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
                 trained = result.train_result
                 # The schedule this candidate really ran (training.recipe auto chooses it), what
                 # was chosen and why, and which checkpoint became the model.
-                mlflow.log_params({"recipe": cfg.training.recipe, **{
-                    f"trained.{k}": json.dumps(v) if isinstance(v, (dict, list)) else v
-                    for k, v in spec.training.items() if k in RECIPE_KEYS}})
+                mlflow.log_params(
+                    {
+                        "recipe": cfg.training.recipe,
+                        **{
+                            f"trained.{k}": json.dumps(v) if isinstance(v, (dict, list)) else v
+                            for k, v in spec.training.items()
+                            if k in RECIPE_KEYS
+                        },
+                    }
+                )
                 if trained.get("notes"):
                     mlflow.log_text("\n".join(trained["notes"]) + "\n", "lineage/recipe.txt")
                 for k in ("best_step", "best_eval_loss", "last_eval_loss", "global_step"):
@@ -231,26 +268,45 @@ def training_flow(config_path: str | None = None, data: str | None = None, eval_
 
         champion_metrics = metrics_table.get(f"champion v{champion_version}") if champion_version else None
         skipped = behaviour.get(spec.name, {}).get("skipped", [])
-        not_applicable = ({"behaviour_": "; ".join(f"suite {x['suite']} skipped: {x['reason']}" for x in skipped)}
-                          if skipped and not behaviour[spec.name]["ran"] else None)
+        not_applicable = (
+            {"behaviour_": "; ".join(f"suite {x['suite']} skipped: {x['reason']}" for x in skipped)}
+            if skipped and not behaviour[spec.name]["ran"]
+            else None
+        )
         version, blessing = register_and_bless(
-            cfg, child_run, str(result.model_dir), metrics, champion_metrics, champion_version,
-            {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id}, not_applicable,
+            cfg,
+            child_run,
+            str(result.model_dir),
+            metrics,
+            champion_metrics,
+            champion_version,
+            {**tags, "tuneloop.candidate": spec.name, "tuneloop.parent_run": parent.info.run_id},
+            not_applicable,
         )
         # What the monitoring flow compares served prompts with, kept with this version.
         log_reference(child_run, prepared.train, cfg.monitoring.drift.reference_rows, cfg.mlflow_tracking_uri)
-        report_paths = write_report(run_root / "report", histories, metrics_table, blessing,
-                                    behaviour=behaviour or None, challenger=spec.name, predictions=predictions,
-                                    notes=result.train_result.get("notes"))
+        report_paths = write_report(
+            run_root / "report",
+            histories,
+            metrics_table,
+            blessing,
+            behaviour=behaviour or None,
+            challenger=spec.name,
+            predictions=predictions,
+            notes=result.train_result.get("notes"),
+        )
         for name, p in report_paths.items():
             mlflow.log_artifact(str(p), "report/predictions" if name.startswith("predictions:") else "report")
         create_markdown_artifact(
-            key="training-report", markdown=report_paths["summary"].read_text(),
+            key="training-report",
+            markdown=report_paths["summary"].read_text(),
             description="Candidates vs base vs champion, blessing decision",
         )
         create_table_artifact(
             key="training-metrics",
-            table=[{"model": name, **{k: round(float(v), 4) for k, v in m.items()}} for name, m in metrics_table.items()],
+            table=[
+                {"model": name, **{k: round(float(v), 4) for k, v in m.items()}} for name, m in metrics_table.items()
+            ],
         )
         # Promotion is the last step of the run: nothing before it can fail after it.
         promotion, refused = promote(cfg, version, blessing, champion_version) if blessing.blessed else (None, None)

@@ -30,6 +30,7 @@ def shared_data() -> Path:
         pytest.skip(f"real test data not present at {SHARED_DATA}")
     return SHARED_DATA
 
+
 os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -183,8 +183,9 @@ def parse_suite(data: Any, where: str = "(in memory)") -> BehaviourSuite:
     if data is None:
         raise SuiteError(f"behaviour suite {where} is empty: it needs a list of cases")
     if not isinstance(data, dict):
-        raise SuiteError(f"behaviour suite {where}: top level must be a mapping with `cases`, "
-                         f"got {type(data).__name__}")
+        raise SuiteError(
+            f"behaviour suite {where}: top level must be a mapping with `cases`, got {type(data).__name__}"
+        )
     try:
         suite = BehaviourSuite.model_validate(data)
     except ValidationError as err:
@@ -336,8 +337,11 @@ def _judge(case: _Case, answers: list[str]) -> tuple[bool, str, list[dict[str, A
     else:
         passed = all(oks)
         if not passed:
-            wrong = [f"prompt {i + 1} answered {r['answer']!r}, expected {r['expected']!r}"
-                     for i, r in enumerate(rows) if not r["ok"]]
+            wrong = [
+                f"prompt {i + 1} answered {r['answer']!r}, expected {r['expected']!r}"
+                for i, r in enumerate(rows)
+                if not r["ok"]
+            ]
             if isinstance(case, Directional) and not oks[0]:
                 wrong[0] = wrong[0].replace("prompt 1", "base", 1)
             reason = "; ".join(wrong)
@@ -366,10 +370,17 @@ def score_suite(suite: BehaviourSuite, answer: Callable[[list[Example]], list[st
         passed, reason, rows, expected = _judge(case, answers)
         for row, inp in zip(rows, case_inputs):
             row["prompt"] = inp.shown
-        results.append(CaseResult(
-            name=case_name(case, i), kind=case.kind, task=case.task, passed=passed, reason=reason,
-            expected=expected, answers=[{k: r[k] for k in ("prompt", "answer", "expected", "ok")} for r in rows],
-        ))
+        results.append(
+            CaseResult(
+                name=case_name(case, i),
+                kind=case.kind,
+                task=case.task,
+                passed=passed,
+                reason=reason,
+                expected=expected,
+                answers=[{k: r[k] for k in ("prompt", "answer", "expected", "ok")} for r in rows],
+            )
+        )
     return BehaviourResult(suite=suite.name or "(unnamed)", metrics=case_metrics(results), cases=results)
 
 
@@ -393,19 +404,32 @@ def applies(suite: BehaviourSuite, examples: list[Example]) -> tuple[bool, str]:
     rec = suite.task.recognise
     pattern = re.compile(rec.prompt_pattern) if rec.prompt_pattern else None
     answers = {normalise(a) for a in rec.answers or []}
-    hits = sum(1 for ex in examples
-               if (pattern is None or pattern.search(ex.prompt_text or ""))
-               and (not answers or normalise(ex.completion) in answers))
+    hits = sum(
+        1
+        for ex in examples
+        if (pattern is None or pattern.search(ex.prompt_text or ""))
+        and (not answers or normalise(ex.completion) in answers)
+    )
     share = hits / len(examples)
-    what = " and ".join(filter(None, [f"prompts match {rec.prompt_pattern!r}" if pattern else "",
-                                      f"answers are among its {len(answers)}" if answers else ""]))
-    verdict = (f"{hits} of {len(examples)} eval rows ({share:.0%}) look like {suite.task.name} ({what}; "
-               f"{rec.min_share:.0%} needed)")
+    what = " and ".join(
+        filter(
+            None,
+            [
+                f"prompts match {rec.prompt_pattern!r}" if pattern else "",
+                f"answers are among its {len(answers)}" if answers else "",
+            ],
+        )
+    )
+    verdict = (
+        f"{hits} of {len(examples)} eval rows ({share:.0%}) look like {suite.task.name} ({what}; "
+        f"{rec.min_share:.0%} needed)"
+    )
     return share >= rec.min_share, verdict
 
 
-def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str], cfg: EvaluationConfig,
-               examples: list[Example]) -> dict[str, Any]:
+def run_suites(
+    model_ref: str | Path, suites: list[BehaviourSuite | Path | str], cfg: EvaluationConfig, examples: list[Example]
+) -> dict[str, Any]:
     """Every suite whose task the eval split `examples` is of, on one model, as one result dict
     (BehaviourResult.to_dict() shape: the cases of all suites that ran, their metrics pooled,
     behaviour_pass_rate/suite:<name> per suite) plus "skipped": [{suite, reason}] and "ran":
@@ -417,8 +441,15 @@ def run_suites(model_ref: str | Path, suites: list[BehaviourSuite | Path | str],
         (ran if ok else skipped).append({"suite": suite.name or "(unnamed)", "reason": why})
         if ok:
             chosen.append(suite)
-    out: dict[str, Any] = {"suite": ", ".join(r["suite"] for r in ran) or "(none ran)", "metrics": {},
-                           "by_task": {}, "failures": [], "cases": [], "skipped": skipped, "ran": ran}
+    out: dict[str, Any] = {
+        "suite": ", ".join(r["suite"] for r in ran) or "(none ran)",
+        "metrics": {},
+        "by_task": {},
+        "failures": [],
+        "cases": [],
+        "skipped": skipped,
+        "ran": ran,
+    }
     if not chosen:
         return out
     model, tokenizer = load_for_eval(model_ref)

@@ -152,8 +152,12 @@ def bless(
                 record(m, "missing", "SKIP", f"{m}: not measured for this run: {why}")
                 continue
             have = ", ".join(sorted(candidate)) or "none"
-            hint = (" -- behaviour_* metrics come from evaluation.behaviour_suite, behaviour_<kind> only when "
-                    "the suite has cases of that kind" if m.startswith("behaviour_") else "")
+            hint = (
+                " -- behaviour_* metrics come from evaluation.behaviour_suite, behaviour_<kind> only when "
+                "the suite has cases of that kind"
+                if m.startswith("behaviour_")
+                else ""
+            )
             record(m, "missing", "FAIL", f"{m}: missing from the candidate's metrics (candidate has: {have}){hint}")
             continue
         value = float(candidate[m])

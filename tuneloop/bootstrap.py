@@ -73,8 +73,20 @@ CHAT_TEMPLATE = (
 
 # Stdlib modules whose docstrings add some plain prose to the pydoc topics.
 DOCSTRING_MODULES = [
-    "argparse", "collections", "csv", "datetime", "functools", "itertools", "json",
-    "logging", "pathlib", "random", "re", "statistics", "string", "textwrap",
+    "argparse",
+    "collections",
+    "csv",
+    "datetime",
+    "functools",
+    "itertools",
+    "json",
+    "logging",
+    "pathlib",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "textwrap",
 ]
 
 
@@ -352,9 +364,7 @@ def _build(cfg: BootstrapConfig, folder: Path, progress: bool) -> dict[str, Any]
     }
 
 
-def bootstrap_base_model(
-    cfg: BootstrapConfig, output_dir: Path, force: bool = False, progress: bool = True
-) -> Path:
+def bootstrap_base_model(cfg: BootstrapConfig, output_dir: Path, force: bool = False, progress: bool = True) -> Path:
     """Make sure output_dir holds a base model built from cfg; build it if not. Returns the folder.
 
     A folder whose marker matches cfg is returned untouched (no training). A folder built
@@ -398,7 +408,10 @@ def _build_into(cfg: BootstrapConfig, output_dir: Path, force: bool, progress: b
         shutil.rmtree(building, ignore_errors=True)
     log.info(
         "built base model %s in %.0f s, validation loss %.3f -> %.3f",
-        output_dir, marker["seconds"], marker["initial_val_loss"], marker["final_val_loss"],
+        output_dir,
+        marker["seconds"],
+        marker["initial_val_loss"],
+        marker["final_val_loss"],
     )
     return output_dir
 

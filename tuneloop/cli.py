@@ -42,8 +42,7 @@ app = typer.Typer(
 )
 registry_app = typer.Typer(help="MLflow registry: promotion history and rollback.", no_args_is_help=True)
 app.add_typer(registry_app, name="registry")
-filter_app = typer.Typer(help="The content filter's classifier: train, evaluate, bless, promote.",
-                         no_args_is_help=True)
+filter_app = typer.Typer(help="The content filter's classifier: train, evaluate, bless, promote.", no_args_is_help=True)
 app.add_typer(filter_app, name="filter")
 logs_app = typer.Typer(help="The request log: every finished /v1 request, redacted; feedback.", no_args_is_help=True)
 app.add_typer(logs_app, name="logs")
@@ -166,8 +165,11 @@ def validate(
 @app.command()
 def demo(
     config: Optional[Path] = ConfigOption,
-    loop: bool = typer.Option(True, "--loop/--no-loop", help="After the first training, run the closed loop "
-                                                             "(serve, drift, retrain, redeploy)."),
+    loop: bool = typer.Option(
+        True,
+        "--loop/--no-loop",
+        help="After the first training, run the closed loop (serve, drift, retrain, redeploy).",
+    ),
 ):
     """The main job on embedded defaults: base model, data gate, training flow, content filter,
     then the closed loop against a served champion.
@@ -206,32 +208,52 @@ def _run_loop(cfg, config: Optional[Path], retrain: str, quiet: bool = False, re
     out = console if not quiet else err_console
     out.rule("5. the loop: serve -> traffic -> drift -> retrain -> redeploy")
     try:
-        loop_out = run_loop(cfg, str(config) if config else None, say=out.print, rule=out.rule, retrain=retrain,
-                            requests=requests or CALM_REQUESTS)
+        loop_out = run_loop(
+            cfg,
+            str(config) if config else None,
+            say=out.print,
+            rule=out.rule,
+            retrain=retrain,
+            requests=requests or CALM_REQUESTS,
+        )
     except Exception as exc:  # noqa: BLE001 - the demo says what failed and where its logs are
         _fail(f"the loop stopped: {type(exc).__name__}: {exc}", code=1)
     if loop_out["stream_failures"]:
-        out.print(f"[red]{len(loop_out['stream_failures'])} of {loop_out['streams']} streams failed:[/] "
-                  f"{loop_out['stream_failures'][:3]}")
+        out.print(
+            f"[red]{len(loop_out['stream_failures'])} of {loop_out['streams']} streams failed:[/] "
+            f"{loop_out['stream_failures'][:3]}"
+        )
     else:
-        out.print(f"a client streamed throughout: {loop_out['streams']} streams, no error, "
-                  f"served by {', '.join(loop_out['streamed_versions'])}")
+        out.print(
+            f"a client streamed throughout: {loop_out['streams']} streams, no error, "
+            f"served by {', '.join(loop_out['streamed_versions'])}"
+        )
     if loop_out.get("filter_refusals"):
         refused = loop_out["filter_refusals"]
-        out.print(f"[yellow]the content filter refused {len(refused)} of the loop's prompts[/] (ordinary ones: "
-                  f"false positives; gateway.filter.classifier_action: annotate counts them instead), e.g. "
-                  f"{refused[0][:120]!r}")
+        out.print(
+            f"[yellow]the content filter refused {len(refused)} of the loop's prompts[/] (ordinary ones: "
+            f"false positives; gateway.filter.classifier_action: annotate counts them instead), e.g. "
+            f"{refused[0][:120]!r}"
+        )
     return loop_out
 
 
 @app.command()
 def loop(
     config: Optional[Path] = ConfigOption,
-    retrain: str = typer.Option("auto", "--retrain", help="flow: run the triggered training flow here; trigger: "
-                                                          "wait for the training deployment's trigger (a Prefect "
-                                                          "server and worker); auto: trigger when prefect.api_url is set."),
-    requests: int = typer.Option(60, "--requests", min=1, help="Requests of each kind (like the training data, "
-                                                                 "shifted); a window needs monitoring.drift.min_requests."),
+    retrain: str = typer.Option(
+        "auto",
+        "--retrain",
+        help="flow: run the triggered training flow here; trigger: "
+        "wait for the training deployment's trigger (a Prefect "
+        "server and worker); auto: trigger when prefect.api_url is set.",
+    ),
+    requests: int = typer.Option(
+        60,
+        "--requests",
+        min=1,
+        help="Requests of each kind (like the training data, shifted); a window needs monitoring.drift.min_requests.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print what happened as JSON (progress goes to stderr)."),
 ):
     """The closed loop against the current champion (the demo's step 5): serve it, send traffic like
@@ -268,8 +290,10 @@ def _print_next(cfg, loop_out: dict | None, seconds: float | None) -> None:
     lines.append("promotions:    .venv/bin/tuneloop registry history")
     key = loop_out["key"] if loop_out else "<a key from: .venv/bin/tuneloop keys create --name me --tier paid>"
     if loop_out:
-        lines.append(f"API key:       {key}   (created for the demo, shown once; "
-                     f"revoke: .venv/bin/tuneloop keys revoke {loop_out['key_id']})")
+        lines.append(
+            f"API key:       {key}   (created for the demo, shown once; "
+            f"revoke: .venv/bin/tuneloop keys revoke {loop_out['key_id']})"
+        )
     lines += [
         "serve:         .venv/bin/tuneloop serve   -> http://127.0.0.1:3000/v1, then:",
         f"""  .venv/bin/python -c "import openai; c = openai.OpenAI(base_url='http://127.0.0.1:3000/v1', api_key='{key}'); """
@@ -315,11 +339,18 @@ def train(
 @filter_app.command("train")
 def filter_train(
     config: Optional[Path] = ConfigOption,
-    data: Optional[Path] = typer.Option(None, "--data", help="Labelled set with columns text, label "
-                                                             "(default: gateway.filter_training.train_path, the "
-                                                             "set generated into data/injections)."),
-    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="A real labelled set (text, label) to score "
-                                                                       "the trained classifier on; never trained on."),
+    data: Optional[Path] = typer.Option(
+        None,
+        "--data",
+        help="Labelled set with columns text, label "
+        "(default: gateway.filter_training.train_path, the "
+        "set generated into data/injections).",
+    ),
+    eval_data: Optional[Path] = typer.Option(
+        None,
+        "--eval-data",
+        help="A real labelled set (text, label) to score the trained classifier on; never trained on.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
     """Run the filter-training flow: train the prompt-injection classifier, compare it with the
@@ -329,31 +360,41 @@ def filter_train(
     from flows.filter import filter_training_flow
 
     try:
-        summary = filter_training_flow(config_path=str(config) if config else None, data=str(data) if data else None,
-                                       eval_data=str(eval_data) if eval_data else None)
+        summary = filter_training_flow(
+            config_path=str(config) if config else None,
+            data=str(data) if data else None,
+            eval_data=str(eval_data) if eval_data else None,
+        )
     except (FileNotFoundError, ValueError) as exc:
         _fail(f"{exc}\nnothing was trained or promoted", code=1)
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return
     m, b = summary["metrics"], summary["baseline"]
-    console.print(f"{summary['method']}: recall {m['recall']:.3f} at FPR {m['fpr']:.3f}, ROC-AUC {m['roc_auc']:.3f} "
-                  f"(baseline: recall {b['recall']:.3f} at FPR {b['fpr']:.3f}, ROC-AUC {b['roc_auc']:.3f})")
+    console.print(
+        f"{summary['method']}: recall {m['recall']:.3f} at FPR {m['fpr']:.3f}, ROC-AUC {m['roc_auc']:.3f} "
+        f"(baseline: recall {b['recall']:.3f} at FPR {b['fpr']:.3f}, ROC-AUC {b['roc_auc']:.3f})"
+    )
     if summary.get("external"):
         e = summary["external"]
-        console.print(f"on {summary['external_path']} (never trained on): recall {e['recall']:.3f} at FPR "
-                      f"{e['fpr']:.3f}, precision {e['precision']:.3f}, ROC-AUC {e['roc_auc']:.3f}")
+        console.print(
+            f"on {summary['external_path']} (never trained on): recall {e['recall']:.3f} at FPR "
+            f"{e['fpr']:.3f}, precision {e['precision']:.3f}, ROC-AUC {e['roc_auc']:.3f}"
+        )
     state = "[green]blessed[/]" if summary["blessed"] else "[red]not blessed[/]"
-    console.print(f"{summary['registered_model']} version {summary['version']}: {state} "
-                  f"({'; '.join(summary['reasons'])}); champion: {summary['champion_after']}")
+    console.print(
+        f"{summary['registered_model']} version {summary['version']}: {state} "
+        f"({'; '.join(summary['reasons'])}); champion: {summary['champion_after']}"
+    )
     if not summary["blessed"]:
         raise typer.Exit(1)
 
 
 @app.command()
 def monitor(
-    since: Optional[str] = typer.Option(None, "--since", help="Window start: 15m, 2h, 7d or an ISO time "
-                                                              "(default: monitoring.window back from now)."),
+    since: Optional[str] = typer.Option(
+        None, "--since", help="Window start: 15m, 2h, 7d or an ISO time (default: monitoring.window back from now)."
+    ),
     until: Optional[str] = typer.Option(None, "--until", help="Window end (default: now)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     config: Optional[Path] = ConfigOption,
@@ -376,14 +417,21 @@ def monitor(
     d, s = result["drift"], result["slo"]
     w = result["window"]
     console.print(f"{w['requests']} logged requests, {w['prompts']} prompts, {w['since']} → {w['until']}")
-    verdict = ("[red]drift detected[/]" if d["detected"] else "[green]no drift[/]") if d["judged"] else \
-        f"[yellow]drift not judged[/]: {d['reason']}"
+    verdict = (
+        ("[red]drift detected[/]" if d["detected"] else "[green]no drift[/]")
+        if d["judged"]
+        else f"[yellow]drift not judged[/]: {d['reason']}"
+    )
     console.print(f"{verdict}  " + "  ".join(f"{k} {v}" for k, v in d["scores"].items()))
-    verdict = (f"[red]SLO breached[/]: {', '.join(s['breached'])}" if s["breached"] else "[green]within SLOs[/]") \
-        if s["judged"] else f"[yellow]SLOs not judged[/]: {s['reason']}"
+    verdict = (
+        (f"[red]SLO breached[/]: {', '.join(s['breached'])}" if s["breached"] else "[green]within SLOs[/]")
+        if s["judged"]
+        else f"[yellow]SLOs not judged[/]: {s['reason']}"
+    )
     console.print(f"{verdict}  " + "  ".join(f"{k} {v}" for k, v in s["values"].items() if v is not None))
-    console.print(f"events: {', '.join(events) or 'none'}; report: {result['report'] or '-'}; "
-                  f"summary: {result['dir']}/summary.md")
+    console.print(
+        f"events: {', '.join(events) or 'none'}; report: {result['report'] or '-'}; summary: {result['dir']}/summary.md"
+    )
 
 
 def _use_prefect(cfg) -> None:
@@ -423,7 +471,9 @@ def _print_training_summary(summary: dict) -> None:
     for reason in summary["reasons"]:
         console.print(f"  - {reason}")
     promoted = "promoted" if summary["promoted"] else "not promoted"
-    console.print(f"champion: {summary['champion_before'] or 'none'} -> {summary['champion_after'] or 'none'} ({promoted})")
+    console.print(
+        f"champion: {summary['champion_before'] or 'none'} -> {summary['champion_after'] or 'none'} ({promoted})"
+    )
     if summary.get("promotion_refused"):
         console.print(f"[yellow]promotion refused:[/] {summary['promotion_refused']}")
     deployment = summary.get("deployment")
@@ -431,7 +481,9 @@ def _print_training_summary(summary: dict) -> None:
         if deployment["deployed"]:
             console.print(f"deployed: bento {deployment['bento_tag']} (built, served and answered in infra validation)")
         else:
-            console.print(f"[red]not deployed:[/] {deployment['reason']} (still deployed: {deployment['previous_bento'] or 'none'})")
+            console.print(
+                f"[red]not deployed:[/] {deployment['reason']} (still deployed: {deployment['previous_bento'] or 'none'})"
+            )
 
 
 def _registry(cfg):
@@ -454,8 +506,12 @@ def registry_history(config: Optional[Path] = ConfigOption, as_json: bool = type
         table.add_column(col)
     for r in records:
         table.add_row(
-            str(r.get("at", "")), str(r.get("action", "")), str(r.get("from_version") or "-"),
-            str(r.get("to_version", "")), str(r.get("actor", "")), str(r.get("reason", "")),
+            str(r.get("at", "")),
+            str(r.get("action", "")),
+            str(r.get("from_version") or "-"),
+            str(r.get("to_version", "")),
+            str(r.get("actor", "")),
+            str(r.get("reason", "")),
         )
     console.print(table if records else "no promotions yet")
 
@@ -482,10 +538,17 @@ def _key_store(cfg):
 
 
 def _key_row(k) -> dict:
-    return {"id": k.id, "name": k.name, "tier": k.tier, "team": k.team, "status": k.status(),
-            "created_at": k.created_at.isoformat(timespec="seconds"),
-            "expires_at": k.expires_at.isoformat(timespec="seconds") if k.expires_at else None,
-            "requests_per_minute": k.requests_per_minute, "tokens_per_minute": k.tokens_per_minute}
+    return {
+        "id": k.id,
+        "name": k.name,
+        "tier": k.tier,
+        "team": k.team,
+        "status": k.status(),
+        "created_at": k.created_at.isoformat(timespec="seconds"),
+        "expires_at": k.expires_at.isoformat(timespec="seconds") if k.expires_at else None,
+        "requests_per_minute": k.requests_per_minute,
+        "tokens_per_minute": k.tokens_per_minute,
+    }
 
 
 @keys_app.command("create")
@@ -493,8 +556,9 @@ def keys_create(
     name: str = typer.Option(..., "--name", help="Who or what the key is for."),
     tier: str = typer.Option("free", "--tier", help="A tier of gateway.tiers (free, paid, enterprise by default)."),
     expires: Optional[str] = typer.Option(None, "--expires", help="A duration (30m, 12h, 90d, 4w) or an ISO date."),
-    team: Optional[str] = typer.Option(None, "--team", help="Keys of one team share cached answers "
-                                                           "(with gateway.cache.scope: team)."),
+    team: Optional[str] = typer.Option(
+        None, "--team", help="Keys of one team share cached answers (with gateway.cache.scope: team)."
+    ),
     rpm: Optional[int] = typer.Option(None, "--rpm", help="Override the tier's requests per minute."),
     tpm: Optional[int] = typer.Option(None, "--tpm", help="Override the tier's tokens per minute."),
     as_json: bool = typer.Option(False, "--json"),
@@ -511,8 +575,10 @@ def keys_create(
     if as_json:
         print(json.dumps({**_key_row(record), "key": secret}))
         return
-    console.print(f"created key {record.id} ({record.name}, tier {record.tier}"
-                  f"{', expires ' + record.expires_at.isoformat(timespec='seconds') if record.expires_at else ''})")
+    console.print(
+        f"created key {record.id} ({record.name}, tier {record.tier}"
+        f"{', expires ' + record.expires_at.isoformat(timespec='seconds') if record.expires_at else ''})"
+    )
     console.print("the key (shown once, not stored; keep it secret):")
     print(secret)
 
@@ -533,8 +599,9 @@ def keys_list(config: Optional[Path] = ConfigOption, as_json: bool = typer.Optio
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str = typer.Argument(..., help="The key's id (tuneloop keys list)."),
-                config: Optional[Path] = ConfigOption):
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="The key's id (tuneloop keys list)."), config: Optional[Path] = ConfigOption
+):
     """Revoke a key: refused from the next request on, on every replica."""
     from tuneloop.gateway.keys import KeyStoreError
 
@@ -575,25 +642,41 @@ def logs_tail(
         for col in ("time", "request", "key", "rating", "correction"):
             table.add_column(col)
         for r in records:
-            table.add_row(r.get("time", ""), r.get("request_id", ""), r.get("key_id") or "-", str(r.get("rating")),
-                          _short(r.get("correction")))
+            table.add_row(
+                r.get("time", ""),
+                r.get("request_id", ""),
+                r.get("key_id") or "-",
+                str(r.get("rating")),
+                _short(r.get("correction")),
+            )
     else:
         table = Table(title=f"requests ({len(records)})")
         for col in ("time", "request", "route", "status", "key", "model", "tokens", "ttft", "latency", "cache"):
             table.add_column(col)
         for r in records:
             status = str(r.get("status")) + (f" {r['error_code']}" if r.get("error_code") else "")
-            tokens = f"{r.get('prompt_tokens') or 0}+{r.get('completion_tokens') or 0}" if r.get("prompt_tokens") else "-"
-            table.add_row(r.get("time", ""), r.get("request_id", ""), r.get("route", ""), status, r.get("key_id") or "-",
-                          f"{r.get('model') or '-'}:{r.get('model_version') or '-'}", tokens, _secs(r.get("ttft_s")),
-                          _secs(r.get("latency_s")), r.get("cache") or "-")
+            tokens = (
+                f"{r.get('prompt_tokens') or 0}+{r.get('completion_tokens') or 0}" if r.get("prompt_tokens") else "-"
+            )
+            table.add_row(
+                r.get("time", ""),
+                r.get("request_id", ""),
+                r.get("route", ""),
+                status,
+                r.get("key_id") or "-",
+                f"{r.get('model') or '-'}:{r.get('model_version') or '-'}",
+                tokens,
+                _secs(r.get("ttft_s")),
+                _secs(r.get("latency_s")),
+                r.get("cache") or "-",
+            )
     console.print(table if records else f"no {stream} logged yet (request log: {_log_location(cfg)})")
 
 
 def _short(text, n: int = 40) -> str:
     if text is None:
         return "-"
-    return text if len(text) <= n else text[:n - 1] + "…"
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _secs(value) -> str:
@@ -696,8 +779,9 @@ def serve(
 @app.command()
 def agreement(
     config: Optional[Path] = ConfigOption,
-    model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="A Hugging Face model folder (default: "
-                                                                       "the one `tuneloop serve` would serve)."),
+    model_dir: Optional[Path] = typer.Option(
+        None, "--model-dir", help="A Hugging Face model folder (default: the one `tuneloop serve` would serve)."
+    ),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="serving.dtype to check (default: as configured)."),
     forward: Optional[str] = typer.Option(None, "--forward", help="serving.forward to check: fused or transformers."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -724,7 +808,9 @@ def agreement(
         console.print(f"{report.label} on {folder}: {report.line()}")
         for a in report.answers:
             if not a["equal"]:
-                console.print(f"  {a['id']}: reference {a['reference'][:60]!r}\n       served    {a['candidate'][:60]!r}")
+                console.print(
+                    f"  {a['id']}: reference {a['reference'][:60]!r}\n       served    {a['candidate'][:60]!r}"
+                )
     raise typer.Exit(0 if report.passes else 1)
 
 

@@ -222,7 +222,8 @@ class TrainingK8sConfig(Section):
     memory_per_node: str | None = None
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]  # the GPU operator's taint
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]  # the GPU operator's taint
     timeout_s: float | None = Field(None, gt=0)  # the job's deadline (activeDeadlineSeconds); None: none
     poll_interval_s: float = Field(5.0, gt=0)
     delete_after: Literal["always", "success", "never"] = "success"  # failed jobs stay for kubectl describe
@@ -374,12 +375,21 @@ class TierLimits(Section):
 
 def _default_tiers() -> dict[str, TierLimits]:
     return {
-        "free": TierLimits(requests_per_minute=3, tokens_per_minute=40_000, max_generations_in_flight=4,
-                           max_tokens_in_flight=16_384),
-        "paid": TierLimits(requests_per_minute=3_500, tokens_per_minute=2_000_000, max_generations_in_flight=64,
-                           max_tokens_in_flight=131_072),
-        "enterprise": TierLimits(requests_per_minute=30_000, tokens_per_minute=30_000_000,
-                                 max_generations_in_flight=256, max_tokens_in_flight=1_048_576),
+        "free": TierLimits(
+            requests_per_minute=3, tokens_per_minute=40_000, max_generations_in_flight=4, max_tokens_in_flight=16_384
+        ),
+        "paid": TierLimits(
+            requests_per_minute=3_500,
+            tokens_per_minute=2_000_000,
+            max_generations_in_flight=64,
+            max_tokens_in_flight=131_072,
+        ),
+        "enterprise": TierLimits(
+            requests_per_minute=30_000,
+            tokens_per_minute=30_000_000,
+            max_generations_in_flight=256,
+            max_tokens_in_flight=1_048_576,
+        ),
     }
 
 
@@ -402,9 +412,24 @@ class PiiConfig(Section):
     score_threshold: float = Field(0.5, ge=0.0, le=1.0)
     # What is redacted. None: every recognizer the offline analyzer has, DATE_TIME, UUID and
     # MAC_ADDRESS included (dates in answers would become <DATE_TIME>).
-    entities: list[str] | None = Field(default_factory=lambda: [
-        "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS", "US_SSN", "URL", "SECRET_KEY",
-        "CRYPTO", "US_ITIN", "US_PASSPORT", "US_BANK_NUMBER", "UK_NHS", "MEDICAL_LICENSE"])
+    entities: list[str] | None = Field(
+        default_factory=lambda: [
+            "EMAIL_ADDRESS",
+            "PHONE_NUMBER",
+            "CREDIT_CARD",
+            "IBAN_CODE",
+            "IP_ADDRESS",
+            "US_SSN",
+            "URL",
+            "SECRET_KEY",
+            "CRYPTO",
+            "US_ITIN",
+            "US_PASSPORT",
+            "US_BANK_NUMBER",
+            "UK_NHS",
+            "MEDICAL_LICENSE",
+        ]
+    )
     # Analysis that errors or takes longer than this (a window of CHUNK_CHARS) refuses the
     # request (fails closed); all of a request's analyses together get request_budget_s, then
     # that request alone is refused (tuneloop/privacy/redactor.py, tuneloop/gateway/guard_process.py).
@@ -435,38 +460,61 @@ def _default_rules() -> list[FilterRule]:
     # screening views (tuneloop/gateway/normalize.py), so zero-width characters, look-alike
     # letters, leetspeak and base64 do not hide a phrase. tests/unit/test_gateway_filter_rules.py
     # holds the cases each must catch and pass.
-    device = r"(phone|android|iphone|ios|usb|device|settings|tablet|browser|chrome|firefox|windows|xbox|samsung|pixel|tv)"
+    device = (
+        r"(phone|android|iphone|ios|usb|device|settings|tablet|browser|chrome|firefox|windows|xbox|samsung|pixel|tv)"
+    )
     return [
-        FilterRule(id="ignore-previous", category="prompt_injection",
-                   pattern=r"\b(ignore|disregard|forget|skip|override|bypass|drop)\b.{0,40}\b(previous|prior|above|"
-                           r"earlier|preceding|former|original|initial|system)\b.{0,40}\b(instructions?|prompts?|rules|"
-                           r"directions|directives|guidelines|commands)\b"),
-        FilterRule(id="forget-what-you-were-told", category="prompt_injection",
-                   pattern=r"\b(forget|ignore|disregard|discard)\b.{0,40}\b(you (were|have been|'ve been) (told|given|"
-                           r"taught|instructed|programmed)|your (instructions|rules|guidelines|programming|directives|"
-                           r"system prompt))\b"),
-        FilterRule(id="reveal-system-prompt", category="prompt_injection",
-                   pattern=r"\b(reveal|print|show|repeat|leak|output|display|dump|tell me|give me|what (is|are|were))\b"
-                           r".{0,30}\byour\b.{0,20}\b(system|hidden|initial|original|secret|internal)\s+(prompt|"
-                           r"instructions?|rules|guidelines|message)\b"),
-        FilterRule(id="repeat-text-above", category="prompt_injection",
-                   pattern=r"\b(repeat|print|output|copy)\b.{0,25}\b(everything|all|the (text|words|lines|"
-                           r"instructions))\b.{0,15}\babove\b.{0,40}\b(verbatim|starting|begin|word for word|you are)\b"),
-        FilterRule(id="dan", category="prompt_injection",
-                   pattern=r"(?-i:\bDAN\b)\s*(mode|\(|,? (which|that) stands for)|\b(act as|you are( now)?|"
-                           r"become|pretend to be|roleplay as)\s+(?-i:DAN)\b|\bdo anything now\b.{0,80}\b(rules|"
-                           r"restrictions|polic(y|ies)|filters|limits|openai|guidelines|censor)"),
-        FilterRule(id="developer-mode", category="prompt_injection",
-                   pattern=r"\bdeveloper mode (enabled|activated|output)\b(?!.{0,60}\b" + device + r"\b)|"
-                           r"\b(simulate|emulate|pretend|act as if)\b.{0,40}\bdeveloper mode\b(?!.{0,60}\b" + device
-                           + r"\b)"),
-        FilterRule(id="fake-system-turn", category="prompt_injection",
-                   pattern=r"<\|im_start\|>\s*(system|assistant)|<<SYS>>"),
-        FilterRule(id="vergiss-anweisungen", category="prompt_injection",
-                   pattern=r"\b(vergiss|vergessen sie|ignoriere|ignorieren sie|missachte)\b.{0,40}\b(vorherigen?|"
-                           r"bisherigen?|obigen?|vorangegangenen?|vorigen?|früheren?)\b.{0,40}\b(anweisungen|"
-                           r"instruktionen|befehle|regeln|informationen|angaben|aufgaben|vorgaben)\b|"
-                           r"\bvergiss\s+alles\s+(davor|zuvor|vorher|bisherige)\b"),
+        FilterRule(
+            id="ignore-previous",
+            category="prompt_injection",
+            pattern=r"\b(ignore|disregard|forget|skip|override|bypass|drop)\b.{0,40}\b(previous|prior|above|"
+            r"earlier|preceding|former|original|initial|system)\b.{0,40}\b(instructions?|prompts?|rules|"
+            r"directions|directives|guidelines|commands)\b",
+        ),
+        FilterRule(
+            id="forget-what-you-were-told",
+            category="prompt_injection",
+            pattern=r"\b(forget|ignore|disregard|discard)\b.{0,40}\b(you (were|have been|'ve been) (told|given|"
+            r"taught|instructed|programmed)|your (instructions|rules|guidelines|programming|directives|"
+            r"system prompt))\b",
+        ),
+        FilterRule(
+            id="reveal-system-prompt",
+            category="prompt_injection",
+            pattern=r"\b(reveal|print|show|repeat|leak|output|display|dump|tell me|give me|what (is|are|were))\b"
+            r".{0,30}\byour\b.{0,20}\b(system|hidden|initial|original|secret|internal)\s+(prompt|"
+            r"instructions?|rules|guidelines|message)\b",
+        ),
+        FilterRule(
+            id="repeat-text-above",
+            category="prompt_injection",
+            pattern=r"\b(repeat|print|output|copy)\b.{0,25}\b(everything|all|the (text|words|lines|"
+            r"instructions))\b.{0,15}\babove\b.{0,40}\b(verbatim|starting|begin|word for word|you are)\b",
+        ),
+        FilterRule(
+            id="dan",
+            category="prompt_injection",
+            pattern=r"(?-i:\bDAN\b)\s*(mode|\(|,? (which|that) stands for)|\b(act as|you are( now)?|"
+            r"become|pretend to be|roleplay as)\s+(?-i:DAN)\b|\bdo anything now\b.{0,80}\b(rules|"
+            r"restrictions|polic(y|ies)|filters|limits|openai|guidelines|censor)",
+        ),
+        FilterRule(
+            id="developer-mode",
+            category="prompt_injection",
+            pattern=r"\bdeveloper mode (enabled|activated|output)\b(?!.{0,60}\b" + device + r"\b)|"
+            r"\b(simulate|emulate|pretend|act as if)\b.{0,40}\bdeveloper mode\b(?!.{0,60}\b" + device + r"\b)",
+        ),
+        FilterRule(
+            id="fake-system-turn", category="prompt_injection", pattern=r"<\|im_start\|>\s*(system|assistant)|<<SYS>>"
+        ),
+        FilterRule(
+            id="vergiss-anweisungen",
+            category="prompt_injection",
+            pattern=r"\b(vergiss|vergessen sie|ignoriere|ignorieren sie|missachte)\b.{0,40}\b(vorherigen?|"
+            r"bisherigen?|obigen?|vorangegangenen?|vorigen?|früheren?)\b.{0,40}\b(anweisungen|"
+            r"instruktionen|befehle|regeln|informationen|angaben|aufgaben|vorgaben)\b|"
+            r"\bvergiss\s+alles\s+(davor|zuvor|vorher|bisherige)\b",
+        ),
     ]
 
 
@@ -524,12 +572,14 @@ class FilterTrainingConfig(Section):
     seed: int = 42
     target_fpr: float = Field(0.05, gt=0, lt=1)
     # Blessing of the classifier: same TFX-style rules as the LM (tuneloop/blessing.py).
-    thresholds: list[MetricThreshold] = Field(default_factory=lambda: [
-        MetricThreshold(metric="recall_at_target_fpr", value_threshold=ValueThreshold(lower_bound=0.5)),
-        MetricThreshold(metric="roc_auc", value_threshold=ValueThreshold(lower_bound=0.8)),
-        # It blocks what it flags (gateway.filter.classifier_action): ordinary prompts must pass.
-        MetricThreshold(metric="everyday_fpr", value_threshold=ValueThreshold(upper_bound=0.1)),
-    ])
+    thresholds: list[MetricThreshold] = Field(
+        default_factory=lambda: [
+            MetricThreshold(metric="recall_at_target_fpr", value_threshold=ValueThreshold(lower_bound=0.5)),
+            MetricThreshold(metric="roc_auc", value_threshold=ValueThreshold(lower_bound=0.8)),
+            # It blocks what it flags (gateway.filter.classifier_action): ordinary prompts must pass.
+            MetricThreshold(metric="everyday_fpr", value_threshold=ValueThreshold(upper_bound=0.1)),
+        ]
+    )
     # Method-specific settings (DEFAULT_PARAMS in tuneloop/gateway/filter_train.py says which it reads).
     params: dict[str, Any] = {}
 
@@ -640,8 +690,10 @@ class MonitoringConfig(Section):
 
 def _lossy_named(value: Any) -> Any:
     if value == "bfloat16":
-        raise ValueError("bfloat16 is spelt bfloat16-lossy: its answers differ from the reference's (float32's); "
-                         "set serving.dtype: bfloat16-lossy to serve it anyway, or auto (float32)")
+        raise ValueError(
+            "bfloat16 is spelt bfloat16-lossy: its answers differ from the reference's (float32's); "
+            "set serving.dtype: bfloat16-lossy to serve it anyway, or auto (float32)"
+        )
     return value
 
 
@@ -875,7 +927,7 @@ def _env_overrides(environ: dict[str, str]) -> list[tuple[list[str], Any, str]]:
             found.append(([section, key], environ[name], name))
     for name in sorted(environ):
         if name.startswith("TUNELOOP__"):
-            parts = name[len("TUNELOOP__"):].lower().split("__")
+            parts = name[len("TUNELOOP__") :].lower().split("__")
             if len(parts) < 2 or not all(parts):
                 raise ConfigError(f"{name}: expected TUNELOOP__<SECTION>__<KEY> (nested keys: more __<KEY> parts)")
             try:
@@ -893,14 +945,20 @@ def _apply_override(raw: dict, path: list[str], value: Any, name: str, where: st
     node: dict = raw
     default: Any = TuneloopConfig()
     for depth, key in enumerate(path[:-1]):
-        default = getattr(default, key, None) if isinstance(default, BaseModel) else \
-            default.get(key) if isinstance(default, dict) else None
+        default = (
+            getattr(default, key, None)
+            if isinstance(default, BaseModel)
+            else default.get(key)
+            if isinstance(default, dict)
+            else None
+        )
         if key not in node and isinstance(default, dict) and default:
             node[key] = TypeAdapter(Any).dump_python(default, mode="json")
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{where}: {'.'.join(path[:depth + 1])} is not a mapping, so {name} cannot set "
-                              f"{'.'.join(path)}")
+            raise ConfigError(
+                f"{where}: {'.'.join(path[: depth + 1])} is not a mapping, so {name} cannot set {'.'.join(path)}"
+            )
         node = child
     node[path[-1]] = value
 
@@ -950,8 +1008,11 @@ def load_config(path: Path | str | None = None, environ: dict[str, str] | None =
         cfg = TuneloopConfig.model_validate(raw)
     except ValidationError as err:
         message = _format_errors(err, where)
-        named = [name for path_, _, name in overrides
-                 if any(f"  {'.'.join(path_[:n])}:" in message for n in range(2, len(path_) + 1))]
+        named = [
+            name
+            for path_, _, name in overrides
+            if any(f"  {'.'.join(path_[:n])}:" in message for n in range(2, len(path_) + 1))
+        ]
         raise ConfigError(message + (f"\n  (set by {', '.join(named)})" if named else "")) from None
     # Said now, not after a training run whose blessing could only fail on a missing metric.
     behavioural = [t.metric for t in cfg.blessing.thresholds if t.metric.startswith("behaviour_")]

@@ -102,17 +102,23 @@ def start_server(cfg, port: int, log_path: Path) -> subprocess.Popen:
     """`tuneloop serve` in its own process group (the deployed bento, on its packaged config:
     it follows the registry's champion every serving.follow_champion_s)."""
     log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, "-m", "tuneloop.cli", "serve", "--port", str(port)]
-                            + (["--config", str(cfg.source)] if cfg.source else []),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuneloop.cli", "serve", "--port", str(port)]
+        + (["--config", str(cfg.source)] if cfg.source else []),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}) before it was ready; its log "
-                               f"{log_path}:\n{log_path.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"the server exited ({proc.returncode}) before it was ready; its log "
+                f"{log_path}:\n{log_path.read_text()[-3000:]}"
+            )
         try:
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                 return
@@ -131,6 +137,7 @@ def _filtered(exc: Exception) -> bool:
 def send(client, model: str, prompts: list, workers: int = 4, refused: list | None = None) -> list[str]:
     """One completion per prompt (a few at a time); returns each request's x-request-id. A prompt
     the content filter refuses goes into `refused` (its request is logged all the same)."""
+
     def one(prompt):
         try:
             raw = create(client.with_raw_response, model, prompt, max_tokens=8)
@@ -152,8 +159,15 @@ def served_version(url: str, key: str) -> str:
     return r.json()["data"][0]["id"]
 
 
-def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Callable[[str], None],
-             retrain: str = "auto", retrain_timeout_s: float = 900, requests: int = CALM_REQUESTS) -> dict:
+def run_loop(
+    cfg,
+    config_path: str | None,
+    say: Callable[[str], None],
+    rule: Callable[[str], None],
+    retrain: str = "auto",
+    retrain_timeout_s: float = 900,
+    requests: int = CALM_REQUESTS,
+) -> dict:
     """Steps 1-4 above against a served champion; returns what happened (also for tests).
 
     retrain: "flow" (run the training flow here), "trigger" (the training deployment's
@@ -206,16 +220,25 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
         legacy = all(isinstance(p, str) for p in calm)  # shifted traffic the same way
         shifted = [t if legacy else [{"role": "user", "content": t}] for t in shifted_prompts(requests)]
         ids = send(client, name, shifted, refused=out["filter_refusals"])
-        client.post("/feedback", cast_to=object, body={
-            "request_id": ids[0], "rating": -1, "correction": "Pack light layers and book the museum early.",
-            "comment": "tuneloop demo: a corrected answer becomes a training row"})
+        client.post(
+            "/feedback",
+            cast_to=object,
+            body={
+                "request_id": ids[0],
+                "rating": -1,
+                "correction": "Pack light layers and book the museum early.",
+                "comment": "tuneloop demo: a corrected answer becomes a training row",
+            },
+        )
         time.sleep(cfg.request_log.flush_interval_s + 0.5)
         shifted_result = monitoring_flow(config_path=config_path, since=since)
         out["shifted"] = _verdict(shifted_result)
         out["report"] = shifted_result.get("report")
         say(f"monitoring: {out['shifted']['verdict']}  scores {out['shifted']['scores']}")
-        say(f"events: {', '.join(out['shifted']['events']) or 'none'}"
-            + (f"  ({shifted_result['debounced']})" if shifted_result.get("debounced") else ""))
+        say(
+            f"events: {', '.join(out['shifted']['events']) or 'none'}"
+            + (f"  ({shifted_result['debounced']})" if shifted_result.get("debounced") else "")
+        )
 
         event = next((e for e in shifted_result["events"] if e["event"] == "tuneloop.retrain.requested"), None)
         if event is not None:
@@ -226,14 +249,22 @@ def run_loop(cfg, config_path: str | None, say: Callable[[str], None], rule: Cal
             if retrain == "flow":
                 say("no worker on the ephemeral Prefect API: running the flow the training deployment's trigger runs")
                 summary = training_flow(config_path=config_path, data=p["data_path"], init_from=p["init_from"])
-                out["retrain"] = {k: summary.get(k) for k in ("blessed", "promoted", "reasons", "champion_after",
-                                                               "init_from", "challenger")}
+                out["retrain"] = {
+                    k: summary.get(k)
+                    for k in ("blessed", "promoted", "reasons", "champion_after", "init_from", "challenger")
+                }
                 promoted = summary["promoted"]
             else:
-                say(f"the training deployment's trigger runs it on a worker; waiting up to {retrain_timeout_s:.0f} s "
-                    "for a new champion")
-                promoted = _wait(lambda: _champion_version(cfg) != before, retrain_timeout_s, say,
-                                 "waiting for the triggered training run")
+                say(
+                    f"the training deployment's trigger runs it on a worker; waiting up to {retrain_timeout_s:.0f} s "
+                    "for a new champion"
+                )
+                promoted = _wait(
+                    lambda: _champion_version(cfg) != before,
+                    retrain_timeout_s,
+                    say,
+                    "waiting for the triggered training run",
+                )
                 out["retrain"] = {"promoted": promoted, "champion_after": _champion_version(cfg)}
             if promoted:
                 want = f"{name}:{_champion_version(cfg)}"
@@ -277,6 +308,11 @@ def _wait(done: Callable[[], bool], timeout: float, say: Callable[[str], None], 
 def _verdict(result: dict) -> dict:
     d = result["drift"]
     verdict = ("drift detected" if d["detected"] else "no drift") if d["judged"] else f"not judged: {d['reason']}"
-    return {"verdict": verdict, "detected": d["detected"], "judged": d["judged"],
-            "scores": {k: round(v, 3) for k, v in d["scores"].items() if v is not None},
-            "events": [e["event"] for e in result["events"]], "requests": result["window"]["requests"]}
+    return {
+        "verdict": verdict,
+        "detected": d["detected"],
+        "judged": d["judged"],
+        "scores": {k: round(v, 3) for k, v in d["scores"].items() if v is not None},
+        "events": [e["event"] for e in result["events"]],
+        "requests": result["window"]["requests"],
+    }

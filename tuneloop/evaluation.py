@@ -122,8 +122,8 @@ def label_metrics(rows: list["EvalRow"]) -> dict[str, float]:
             by_label.setdefault(str(r.label), []).append(r)
     if by_template:
         out["majority_label_per_template"] = sum(
-            Counter(normalize_label(r.reference) for r in group).most_common(1)[0][1]
-            for group in by_template.values()) / len(rows)
+            Counter(normalize_label(r.reference) for r in group).most_common(1)[0][1] for group in by_template.values()
+        ) / len(rows)
     for kind, groups in (("template", by_template), ("label", by_label)):
         for name, group in sorted(groups.items()):
             out[f"label_accuracy/{kind}:{metric_key(name)}"] = sum(r.label_match for r in group) / len(group)
@@ -201,9 +201,18 @@ def _field(ex: Example, name: str) -> str | None:
 
 def predictions(result: "EvalResult") -> list[dict[str, Any]]:
     """One record per eval row: what the predictions artifact holds."""
-    return [{"id": r.id, "template": r.template, "label": r.label, "expected": r.reference,
-             "generated": r.generation, "exact_match": bool(r.em), "label_match": bool(r.label_match)}
-            for r in result.rows]
+    return [
+        {
+            "id": r.id,
+            "template": r.template,
+            "label": r.label,
+            "expected": r.reference,
+            "generated": r.generation,
+            "exact_match": bool(r.em),
+            "label_match": bool(r.label_match),
+        }
+        for r in result.rows
+    ]
 
 
 # ---- model loading -------------------------------------------------------------------
@@ -265,16 +274,16 @@ def _eval_loss(model, tokenizer, examples, batch_size: int, max_length: int, bar
         pad = tokenizer.pad_token_id
         ids = torch.tensor([e["input_ids"] + [pad] * (width - len(e["input_ids"])) for e in batch], device=device)
         mask = torch.tensor([e["attention_mask"] + [0] * (width - len(e["input_ids"])) for e in batch], device=device)
-        labels = torch.tensor(
-            [e["labels"] + [IGNORE_INDEX] * (width - len(e["labels"])) for e in batch], device=device
-        )
+        labels = torch.tensor([e["labels"] + [IGNORE_INDEX] * (width - len(e["labels"])) for e in batch], device=device)
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
         # Token t predicts token t+1: the same shift the HF loss does, summed not averaged
         # per batch, so the split-level mean weighs every completion token equally.
         total += F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-            ignore_index=IGNORE_INDEX, reduction="sum",
+            logits[:, :-1].reshape(-1, logits.size(-1)),
+            labels[:, 1:].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
         ).item()
         count += int((labels[:, 1:] != IGNORE_INDEX).sum())
         bar.update(len(batch))
@@ -307,8 +316,12 @@ def _generate(model, tokenizer, examples, batch_size: int, max_new_tokens: int, 
         t0 = time.perf_counter()
         with torch.no_grad():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=stop, pad_token_id=pad,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=stop,
+                pad_token_id=pad,
             )
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -361,17 +374,27 @@ def evaluate_model(
 
     # Without a template field, a split read from several files (a T0 folder: one file per
     # template) takes the file as the template, so the per-template floor is still there.
-    by_file = len({ex.source_file for ex in examples}) > 1 and not any(_field(ex, cfg.template_field)
-                                                                       for ex in examples)
+    by_file = len({ex.source_file for ex in examples}) > 1 and not any(
+        _field(ex, cfg.template_field) for ex in examples
+    )
     rows = []
     for ex, gen, n in zip(examples, generations, counts):
         ref = clean_completion(ex.completion, tokenizer)  # legacy data may carry a literal <|endoftext|>
-        rows.append(EvalRow(
-            id=ex.example_id, prompt=prompt_text(ex, tokenizer), reference=ref, generation=gen,
-            em=exact_match(gen, ref), f1=token_f1(gen, ref), rouge_l=rouge_l(gen, ref), generated_tokens=n,
-            label_match=label_match(gen, ref), label=_field(ex, cfg.label_field),
-            template=Path(ex.source_file).stem if by_file else _field(ex, cfg.template_field),
-        ))
+        rows.append(
+            EvalRow(
+                id=ex.example_id,
+                prompt=prompt_text(ex, tokenizer),
+                reference=ref,
+                generation=gen,
+                em=exact_match(gen, ref),
+                f1=token_f1(gen, ref),
+                rouge_l=rouge_l(gen, ref),
+                generated_tokens=n,
+                label_match=label_match(gen, ref),
+                label=_field(ex, cfg.label_field),
+                template=Path(ex.source_file).stem if by_file else _field(ex, cfg.template_field),
+            )
+        )
     mean_loss = loss_sum / loss_tokens if loss_tokens else math.nan
     generated = sum(counts)
     metrics = {

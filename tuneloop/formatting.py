@@ -28,9 +28,7 @@ def prompt_ids(example: Example, tokenizer) -> list[int]:
     """Token ids the model is given to produce the completion (generation input)."""
     if example.messages is None:
         return tokenizer(example.prompt or "", add_special_tokens=False)["input_ids"]
-    return _as_ids(
-        tokenizer.apply_chat_template(example.messages[:-1], add_generation_prompt=True, tokenize=True)
-    )
+    return _as_ids(tokenizer.apply_chat_template(example.messages[:-1], add_generation_prompt=True, tokenize=True))
 
 
 def prompt_text(example: Example, tokenizer) -> str:
@@ -68,7 +66,7 @@ def encode_example(example: Example, tokenizer, max_length: int) -> dict[str, li
                     f"{example.example_id}: chat template renders the prompt differently with and "
                     "without the answer; cannot locate the assistant tokens"
                 )
-            labels = [IGNORE_INDEX] * len(p) + ids[len(p):]
+            labels = [IGNORE_INDEX] * len(p) + ids[len(p) :]
     ids, labels = ids[:max_length], labels[:max_length]
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
 

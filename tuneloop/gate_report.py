@@ -113,8 +113,7 @@ def _rows_section(i: int, o: ExpectationOutcome) -> str:
     title = "FAIL" if not o.success else "PASS (tolerated)"
     parts = [
         f'<h3 id="{_anchor(i)}"><span class="status {state}">{title}</span> {_e(o.name)}</h3>',
-        f"<p>Threshold: {_e(o.threshold)}. Observed: {_e(_observed(o))}. "
-        f"Column <code>{_e(o.column)}</code>.</p>",
+        f"<p>Threshold: {_e(o.threshold)}. Observed: {_e(_observed(o))}. Column <code>{_e(o.column)}</code>.</p>",
     ]
     if o.error:
         parts.append(f"<p>Great Expectations raised instead of evaluating: <code>{_e(_safe_text(o.error))}</code></p>")
@@ -125,7 +124,7 @@ def _rows_section(i: int, o: ExpectationOutcome) -> str:
         for n, (ex_id, value) in enumerate(zip(o.failing_example_ids, o.failing_values), 1)
     )
     parts.append(
-        "<table><thead><tr><th class=\"num\">#</th><th>example (file:line)</th><th>reason</th></tr></thead>"
+        '<table><thead><tr><th class="num">#</th><th>example (file:line)</th><th>reason</th></tr></thead>'
         f"<tbody>\n{rows}\n</tbody></table>"
     )
     more = o.unexpected_count - len(o.failing_example_ids)
@@ -156,8 +155,7 @@ def render_gate_report(report: ValidationReport, generated_at: datetime | None =
         )
     for name, why in report.skipped.items():
         check_rows.append(
-            f'<tr><td><span class="status skip">SKIP</span></td><td>{_e(name)}</td>'
-            f'<td colspan="2">{_e(why)}</td></tr>'
+            f'<tr><td><span class="status skip">SKIP</span></td><td>{_e(name)}</td><td colspan="2">{_e(why)}</td></tr>'
         )
 
     # Failing checks first, then passing ones that still named examples (tolerated).

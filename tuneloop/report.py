@@ -27,9 +27,20 @@ from tuneloop.privacy import redact
 
 # Shown first and in this order; any other numeric metric follows alphabetically.
 METRIC_ORDER = [
-    "exact_match", "label_accuracy", "majority_label", "majority_label_per_template", "token_f1", "rouge_l",
-    "behaviour_pass_rate", "behaviour_mft", "behaviour_inv", "behaviour_dir",
-    "eval_loss", "perplexity", "ms_per_token", "tokens_per_second",
+    "exact_match",
+    "label_accuracy",
+    "majority_label",
+    "majority_label_per_template",
+    "token_f1",
+    "rouge_l",
+    "behaviour_pass_rate",
+    "behaviour_mft",
+    "behaviour_inv",
+    "behaviour_dir",
+    "eval_loss",
+    "perplexity",
+    "ms_per_token",
+    "tokens_per_second",
 ]
 # Bookkeeping counts: in the table, not worth a plot panel.
 NOT_PLOTTED = {"num_examples", "eval_tokens", "generated_tokens", "prompts_truncated", "behaviour_cases"}
@@ -55,8 +66,12 @@ def _points(history: Any) -> list[tuple[float, float]]:
 def _metric_names(table: dict[str, dict[str, float]], breakdown: bool = False) -> list[str]:
     """The table's metrics in reading order; breakdown: only the per-template / per-label ones
     (names with a "/"), which are otherwise left out."""
-    present = {m for metrics in table.values() for m, v in metrics.items()
-               if isinstance(v, (int, float)) and ("/" in m) == breakdown}
+    present = {
+        m
+        for metrics in table.values()
+        for m, v in metrics.items()
+        if isinstance(v, (int, float)) and ("/" in m) == breakdown
+    }
     return [m for m in METRIC_ORDER if m in present] + sorted(present - set(METRIC_ORDER))
 
 
@@ -88,9 +103,15 @@ def behaviour_markdown(behaviour: dict[str, dict[str, Any]], challenger: str | N
     """Cases passed per task and model, then the failing cases (challenger's, else every model's)."""
     labels = list(behaviour)
     tasks = sorted({t for r in behaviour.values() for t in r.get("by_task", {})})
-    md = ["## Behavioural tests", "", f"Suite: {next(iter(behaviour.values())).get('suite', '?')} "
-          "(passed / cases per task; prompts and answers of every case in behaviour.json)", "",
-          "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    md = [
+        "## Behavioural tests",
+        "",
+        f"Suite: {next(iter(behaviour.values())).get('suite', '?')} "
+        "(passed / cases per task; prompts and answers of every case in behaviour.json)",
+        "",
+        "| task | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
     for task in tasks:
         cells = [behaviour[label].get("by_task", {}).get(task) for label in labels]
         md.append(f"| {task} | " + " | ".join(f"{c['passed']}/{c['cases']}" if c else "–" for c in cells) + " |")
@@ -106,9 +127,11 @@ def behaviour_markdown(behaviour: dict[str, dict[str, Any]], challenger: str | N
             wrong = [a for a in case["answers"] if not a["ok"]]
             head = f"- **{case['name']}** ({case['kind']}{', ' + case['task'] if case.get('task') else ''})"
             md.append(head if wrong else f"{head}: {_one_line(case['reason'], 300)}")  # inv: answers differ
-            md += [f"  - `{_one_line(a['prompt'])}` → `{_one_line(a['answer'], 60)}`"
-                   + (f", expected `{_one_line(a['expected'], 60)}`" if a["expected"] is not None else "")
-                   for a in wrong or case["answers"]]
+            md += [
+                f"  - `{_one_line(a['prompt'])}` → `{_one_line(a['answer'], 60)}`"
+                + (f", expected `{_one_line(a['expected'], 60)}`" if a["expected"] is not None else "")
+                for a in wrong or case["answers"]
+            ]
         md.append("")
     return md
 
@@ -122,6 +145,7 @@ def _safe_name(label: str) -> str:
 
 def redacted(predictions: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """Every text of every row but its id through tuneloop.privacy.redact: what people see."""
+
     def row_of(row: dict[str, Any]) -> dict[str, Any]:
         return {k: redact(v) if isinstance(v, str) and k != "id" else v for k, v in row.items()}
 
@@ -142,8 +166,9 @@ def write_predictions(out: Path, predictions: dict[str, list[dict[str, Any]]]) -
     return paths
 
 
-def predictions_markdown(predictions: dict[str, list[dict[str, Any]]], challenger: str | None,
-                         limit: int = SHOWN_WRONG) -> list[str]:
+def predictions_markdown(
+    predictions: dict[str, list[dict[str, Any]]], challenger: str | None, limit: int = SHOWN_WRONG
+) -> list[str]:
     """The challenger's wrong answers first (up to `limit`), each beside the other models'
     answers to the same row; then how many each model got wrong. Rows as given: redacted() first."""
     labels = list(predictions)
@@ -151,15 +176,24 @@ def predictions_markdown(predictions: dict[str, list[dict[str, Any]]], challenge
     others = [label for label in labels if label != first]
     by_id = {label: {r["id"]: r for r in rows} for label, rows in predictions.items()}
     wrong = [r for r in predictions[first] if not r["label_match"]]
-    md = ["## Predictions", "",
-          "Wrong answers (label match: first line, case, spaces and end punctuation aside): "
-          + ", ".join(f"{label} {sum(not r['label_match'] for r in rows)} of {len(rows)}"
-                      for label, rows in predictions.items())
-          + ". Every row of every model is in predictions/*.jsonl.", ""]
+    md = [
+        "## Predictions",
+        "",
+        "Wrong answers (label match: first line, case, spaces and end punctuation aside): "
+        + ", ".join(
+            f"{label} {sum(not r['label_match'] for r in rows)} of {len(rows)}" for label, rows in predictions.items()
+        )
+        + ". Every row of every model is in predictions/*.jsonl.",
+        "",
+    ]
     if not wrong:
         return md + [f"{first} answered every row right.", ""]
-    md += [f"### {first}'s wrong answers (first {min(limit, len(wrong))} of {len(wrong)})", "",
-           "| row | expected | " + " | ".join([first, *others]) + " |", "|---|---|" + "---|" * (1 + len(others))]
+    md += [
+        f"### {first}'s wrong answers (first {min(limit, len(wrong))} of {len(wrong)})",
+        "",
+        "| row | expected | " + " | ".join([first, *others]) + " |",
+        "|---|---|" + "---|" * (1 + len(others)),
+    ]
 
     def cell(row: dict[str, Any] | None) -> str:
         if row is None:
@@ -169,8 +203,11 @@ def predictions_markdown(predictions: dict[str, list[dict[str, Any]]], challenge
 
     for r in wrong[:limit]:
         where = r["id"] + (f" ({r['template']})" if r.get("template") else "")
-        md.append(f"| {_one_line(where, 100)} | `{_one_line(r['expected'], 40)}` | "
-                  + " | ".join(cell(by_id[label].get(r["id"])) for label in [first, *others]) + " |")
+        md.append(
+            f"| {_one_line(where, 100)} | `{_one_line(r['expected'], 40)}` | "
+            + " | ".join(cell(by_id[label].get(r["id"])) for label in [first, *others])
+            + " |"
+        )
     md.append("")
     return md
 
@@ -210,7 +247,7 @@ def _plot_metrics(table: dict[str, dict[str, float]], path: Path) -> None:
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_title(m + (" (lower is better)" if m in LOWER_IS_BETTER else ""), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -273,8 +310,12 @@ def write_report(
         md.append("")
     md += ["## Metrics", "", metrics_markdown(metrics_table) if metrics_table else "(no metrics)", ""]
     if metrics_table and _metric_names(metrics_table, breakdown=True):
-        md += ["### Per template and per label (label accuracy)", "",
-               metrics_markdown(metrics_table, breakdown=True), ""]
+        md += [
+            "### Per template and per label (label accuracy)",
+            "",
+            metrics_markdown(metrics_table, breakdown=True),
+            "",
+        ]
     if notes:
         md += ["## Run", "", *[f"- {line}" for line in notes], ""]
     if predictions:

@@ -15,8 +15,16 @@ from typing import Any
 from tuneloop.config import REPO_ROOT, TuneloopConfig
 
 LINEAGE_PACKAGES = (
-    "torch", "transformers", "tokenizers", "accelerate", "deepspeed", "peft",
-    "mlflow", "prefect", "great-expectations", "bentoml",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "accelerate",
+    "deepspeed",
+    "peft",
+    "mlflow",
+    "prefect",
+    "great-expectations",
+    "bentoml",
 )
 
 

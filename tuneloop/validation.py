@@ -73,10 +73,16 @@ def _label_stats(train: list[Example], cfg: ValidationConfig) -> tuple[Counter[s
     if not labels:
         return None, "no non-empty completions"
     if len(counts) > cfg.label_max_classes:
-        return None, f"completions are free text ({len(counts)} distinct values > label_max_classes={cfg.label_max_classes})"
+        return (
+            None,
+            f"completions are free text ({len(counts)} distinct values > label_max_classes={cfg.label_max_classes})",
+        )
     longest = max(counts, key=len)
     if len(longest) > cfg.label_max_chars:
-        return None, f"completions are free text (a completion has {len(longest)} chars > label_max_chars={cfg.label_max_chars})"
+        return (
+            None,
+            f"completions are free text (a completion has {len(longest)} chars > label_max_chars={cfg.label_max_chars})",
+        )
     if len(counts) == len(labels):
         # Every completion unique: nothing repeats, so these are answers, not classes.
         return None, "completions are free text (no completion repeats)"
@@ -120,8 +126,9 @@ def build_frame(
     if leakage_similarity is not None and train and eval:
         from tuneloop.data.neardup import leaked_pairs  # deferred: datasketch (0.6 s), only with leakage_similarity
 
-        for i, j, sim in leaked_pairs([e.prompt_text for e in train], [e.prompt_text for e in eval],
-                                      leakage_similarity):
+        for i, j, sim in leaked_pairs(
+            [e.prompt_text for e in train], [e.prompt_text for e in eval], leakage_similarity
+        ):
             near[eval[i].example_id] = f"prompt near-duplicate of train {train[j].example_id} ({sim:.2f})"
     for split, examples in (("train", train), ("eval", eval)):
         for ex in examples:
@@ -144,8 +151,9 @@ def build_frame(
                 "content_hash": content_hash,
                 "prompt_hash": prompt_hash,
                 "duplicate_of": f"duplicate of {duplicate_of}" if duplicate_of else None,
-                "eval_prompt_in_train": (f"prompt also in train {leaked}" if leaked
-                                         else near.get(ex.example_id) if split == "eval" else None),
+                "eval_prompt_in_train": (
+                    f"prompt also in train {leaked}" if leaked else near.get(ex.example_id) if split == "eval" else None
+                ),
                 "secrets_found": ", ".join(secrets) or None,
                 "pii_found": ", ".join(pii) or None,
             }
@@ -157,8 +165,13 @@ def build_frame(
                 row["label"] = completion.strip() if split == "train" and completion else None
             rows.append(row)
     for ex_id in dropped:
-        rows.append({"split": "dropped", "example_id": ex_id,
-                     **{column: done[ex_id].get(column) for column in POLICY_COLUMNS.values()}})
+        rows.append(
+            {
+                "split": "dropped",
+                "example_id": ex_id,
+                **{column: done[ex_id].get(column) for column in POLICY_COLUMNS.values()},
+            }
+        )
     # object dtype keeps ints as ints and None as None (float NaN would print "12.0").
     return pd.DataFrame(rows, dtype=object)
 
@@ -179,8 +192,9 @@ def _fraction(x: float) -> str:
     return "none" if x == 0 else f"up to {x:.1%}"
 
 
-def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_eval: int,
-                  max_tokens: int | None = None) -> list[_Check]:
+def _build_checks(
+    cfg: ValidationConfig, frame, labels: Counter[str] | None, n_eval: int, max_tokens: int | None = None
+) -> list[_Check]:
     import great_expectations.expectations as gxe
     from great_expectations.expectations.row_conditions import Column
 
@@ -199,65 +213,97 @@ def _build_checks(cfg: ValidationConfig, frame, labels: Counter[str] | None, n_e
         add("prompt is not empty", "prompt_text", "no blank prompts", gxe.ExpectColumnValuesToNotBeNull)
     add("completion is not empty", "completion", "no blank completions", gxe.ExpectColumnValuesToNotBeNull)
     add(
-        "prompt length in characters", "prompt_chars",
+        "prompt length in characters",
+        "prompt_chars",
         f"{cfg.min_prompt_chars}..{cfg.max_prompt_chars} chars",
-        gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_prompt_chars, max_value=cfg.max_prompt_chars,
+        gxe.ExpectColumnValuesToBeBetween,
+        min_value=cfg.min_prompt_chars,
+        max_value=cfg.max_prompt_chars,
     )
     add(
-        "completion length in characters", "completion_chars",
+        "completion length in characters",
+        "completion_chars",
         f"{cfg.min_completion_chars}..{cfg.max_completion_chars} chars",
-        gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_completion_chars, max_value=cfg.max_completion_chars,
+        gxe.ExpectColumnValuesToBeBetween,
+        min_value=cfg.min_completion_chars,
+        max_value=cfg.max_completion_chars,
     )
     if "example_tokens" in frame.columns:
         add(
-            "example length in tokens", "example_tokens",
+            "example length in tokens",
+            "example_tokens",
             f"{cfg.min_tokens}..{max_tokens} tokens" if max_tokens else f">= {cfg.min_tokens} tokens (no limit given)",
-            gxe.ExpectColumnValuesToBeBetween, min_value=cfg.min_tokens, max_value=max_tokens,
+            gxe.ExpectColumnValuesToBeBetween,
+            min_value=cfg.min_tokens,
+            max_value=max_tokens,
         )
     if cfg.overlong != "fail" and ("example_tokens" in frame.columns or frame["overlong"].notna().any()):
         # Over all rows read, dropped ones included: the share the length policy had to act on.
         add(
-            "few over-long rows", "overlong",
+            "few over-long rows",
+            "overlong",
             f"over-long rows ({'dropped' if cfg.overlong == 'drop' else 'truncated or dropped'}): "
             f"{_fraction(cfg.max_overlong_fraction)}",
-            gxe.ExpectColumnValuesToBeNull, every_row=True, mostly=1.0 - cfg.max_overlong_fraction,
+            gxe.ExpectColumnValuesToBeNull,
+            every_row=True,
+            mostly=1.0 - cfg.max_overlong_fraction,
         )
     # Duplicates: the first occurrence is fine, each later copy counts (the config's
     # "duplicate of an earlier row"); ExpectColumnValuesToBeUnique would flag both.
     add(
-        "no duplicate examples", "duplicate_of", f"duplicates: {_fraction(cfg.max_duplicate_fraction)}",
-        gxe.ExpectColumnValuesToBeNull, mostly=1.0 - cfg.max_duplicate_fraction,
+        "no duplicate examples",
+        "duplicate_of",
+        f"duplicates: {_fraction(cfg.max_duplicate_fraction)}",
+        gxe.ExpectColumnValuesToBeNull,
+        mostly=1.0 - cfg.max_duplicate_fraction,
     )
     if n_eval:
         # Only eval rows are checked, so `mostly` is a fraction of the eval split.
         add(
-            "eval prompts not seen in train", "eval_prompt_in_train",
+            "eval prompts not seen in train",
+            "eval_prompt_in_train",
             "leaked eval rows (identical prompt"
             + (f", or a near-duplicate at similarity >= {cfg.leakage_similarity:g}" if cfg.leakage_similarity else "")
             + f"): {_fraction(cfg.max_leakage_fraction)}",
-            gxe.ExpectColumnValuesToBeNull, mostly=1.0 - cfg.max_leakage_fraction,
+            gxe.ExpectColumnValuesToBeNull,
+            mostly=1.0 - cfg.max_leakage_fraction,
             row_condition=Column("split") == "eval",
         )
     if cfg.check_secrets:
-        add("completion has no secrets", "secrets_found", "API keys, tokens, private keys: none",
-            gxe.ExpectColumnValuesToBeNull)
+        add(
+            "completion has no secrets",
+            "secrets_found",
+            "API keys, tokens, private keys: none",
+            gxe.ExpectColumnValuesToBeNull,
+        )
     if cfg.check_pii:
-        add("completion has no personal data", "pii_found", "emails, card numbers, phones, IBANs: none",
-            gxe.ExpectColumnValuesToBeNull)
+        add(
+            "completion has no personal data",
+            "pii_found",
+            "emails, card numbers, phones, IBANs: none",
+            gxe.ExpectColumnValuesToBeNull,
+        )
     if cfg.pii != "fail" and (cfg.check_pii or cfg.check_secrets):
         add(
-            "few rows with personal data or secrets", "pii_handled",
+            "few rows with personal data or secrets",
+            "pii_handled",
             f"rows {'dropped' if cfg.pii == 'drop' else 'redacted or dropped'} for personal data or secrets: "
             f"{_fraction(cfg.max_pii_fraction)}",
-            gxe.ExpectColumnValuesToBeNull, every_row=True, mostly=1.0 - cfg.max_pii_fraction,
+            gxe.ExpectColumnValuesToBeNull,
+            every_row=True,
+            mostly=1.0 - cfg.max_pii_fraction,
         )
     if labels is not None:
         total = sum(labels.values())
         common = sorted(lab for lab, n in labels.items() if n / total >= cfg.min_label_share)
         shares = ", ".join(f"{lab} {n / total:.1%}" for lab, n in labels.most_common())
         add(
-            "labels are balanced", "label", f"each label >= {cfg.min_label_share:.1%} of train; {shares}",
-            gxe.ExpectColumnValuesToBeInSet, value_set=common, row_condition=Column("split") == "train",
+            "labels are balanced",
+            "label",
+            f"each label >= {cfg.min_label_share:.1%} of train; {shares}",
+            gxe.ExpectColumnValuesToBeInSet,
+            value_set=common,
+            row_condition=Column("split") == "train",
         )
     return checks
 
@@ -427,5 +473,12 @@ def validate_prepared(cfg, prepared, budget: TokenBudget | None = None) -> Valid
     """The gate as runs use it: a prepared dataset, the rows its policies handled, token
     bounds in the base model's tokenizer (token_budget, unless given)."""
     budget = budget or token_budget(cfg)
-    return validate_dataset(prepared.train, prepared.eval, cfg.validation, budget.count, cfg.data_docs_dir,
-                            max_tokens=budget.limit, handled=prepared.rejects + prepared.changed)
+    return validate_dataset(
+        prepared.train,
+        prepared.eval,
+        cfg.validation,
+        budget.count,
+        cfg.data_docs_dir,
+        max_tokens=budget.limit,
+        handled=prepared.rejects + prepared.changed,
+    )

@@ -57,9 +57,7 @@ class ValidationReport:
             if e.error:
                 lines.append(f"  FAIL {e.name}: GX error: {e.error}")
                 continue
-            lines.append(
-                f"  FAIL {e.name} [{e.threshold}]: {e.unexpected_count} of {e.checked_count} examples"
-            )
+            lines.append(f"  FAIL {e.name} [{e.threshold}]: {e.unexpected_count} of {e.checked_count} examples")
             for ex_id, value in zip(e.failing_example_ids[:10], e.failing_values[:10]):
                 lines.append(f"       {ex_id}: {value}")
             if e.unexpected_count > 10:

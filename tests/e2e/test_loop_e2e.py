@@ -31,16 +31,22 @@ TUNELOOP = str(BIN / "tuneloop")
 def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_base_model):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
-    env.update({
-        "TUNELOOP_HOME": str(home), "TUNELOOP__BOOTSTRAP__OUTPUT_DIR": str(demo_base_model),
-        "BENTOML_HOME": str(tmp_path / "bentoml"),
-        "TUNELOOP__TRAINING__MAX_STEPS": "20",
-        # every retrain of this test is blessed: what is tested is the loop, not the model
-        "TUNELOOP__BLESSING__THRESHOLDS": "[{metric: eval_loss, value_threshold: {upper_bound: 1000}}]",
-        "TUNELOOP__EVALUATION__BEHAVIOUR_SUITE": "null",  # blessing is relaxed above: no need to score it
-        "TUNELOOP__MONITORING__DRIFT": "{min_requests: 20}", "TUNELOOP__MONITORING__SLO": "{min_requests: 1000}",
-        "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1", **GATEWAY_OFF,
-    })
+    env.update(
+        {
+            "TUNELOOP_HOME": str(home),
+            "TUNELOOP__BOOTSTRAP__OUTPUT_DIR": str(demo_base_model),
+            "BENTOML_HOME": str(tmp_path / "bentoml"),
+            "TUNELOOP__TRAINING__MAX_STEPS": "20",
+            # every retrain of this test is blessed: what is tested is the loop, not the model
+            "TUNELOOP__BLESSING__THRESHOLDS": "[{metric: eval_loss, value_threshold: {upper_bound: 1000}}]",
+            "TUNELOOP__EVALUATION__BEHAVIOUR_SUITE": "null",  # blessing is relaxed above: no need to score it
+            "TUNELOOP__MONITORING__DRIFT": "{min_requests: 20}",
+            "TUNELOOP__MONITORING__SLO": "{min_requests: 1000}",
+            "TUNELOOP__SERVING__COMPILE": "false",
+            "TUNELOOP__SERVING__NUM_THREADS": "1",
+            **GATEWAY_OFF,
+        }
+    )
     with prefect_server(tmp_path) as prefect_env:
         env.update(prefect_env)
         first = last_json(run([TUNELOOP, "train", "--json"], env).stdout)
@@ -49,11 +55,23 @@ def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_
         run([str(BIN / "prefect"), "--no-prompt", "work-pool", "create", "tuneloop-local", "--type", "process"], env)
         run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
         worker_log = open(tmp_path / "worker.log", "w")
-        worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "tuneloop-local"], env=env,
-                                  stdout=worker_log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        worker = subprocess.Popen(
+            [str(BIN / "prefect"), "worker", "start", "--pool", "tuneloop-local"],
+            env=env,
+            stdout=worker_log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
         try:
-            loop = subprocess.run([TUNELOOP, "loop", "--retrain", "trigger", "--requests", "30", "--json"], env=env, cwd=ROOT,
-                                  capture_output=True, text=True, timeout=1500)
+            loop = subprocess.run(
+                [TUNELOOP, "loop", "--retrain", "trigger", "--requests", "30", "--json"],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=1500,
+            )
         finally:
             stop_process_group(worker, term_wait=30)
     progress = loop.stderr[-4000:] + (tmp_path / "worker.log").read_text()[-3000:]
@@ -81,6 +99,19 @@ def test_drift_retrains_promotes_and_the_running_server_moves_on(tmp_path, demo_
     # the triggered run started from the champion's weights (monitoring.retrain_init_from)
     from mlflow.tracking import MlflowClient
 
-    run_id = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_model_version(champion.name, champion.version).run_id
-    parent = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(run_id).data.tags.get("mlflow.parentRunId")
-    assert MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(parent).data.params["init_from"] == f"champion v{v1}"
+    run_id = (
+        MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
+        .get_model_version(champion.name, champion.version)
+        .run_id
+    )
+    parent = (
+        MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
+        .get_run(run_id)
+        .data.tags.get("mlflow.parentRunId")
+    )
+    assert (
+        MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
+        .get_run(parent)
+        .data.params["init_from"]
+        == f"champion v{v1}"
+    )

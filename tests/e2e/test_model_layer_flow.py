@@ -29,18 +29,28 @@ def write_config(path: Path, home: Path, base: Path, data: Path, **training) -> 
         # become duplicates: keep them whole); T0's rarest answer word holds 4.9% of rows.
         "validation": {"max_tokens": 512, "min_label_share": 0.02},
         "training": {
-            "num_processes": 2, "launcher": "torchrun",
+            "num_processes": 2,
+            "launcher": "torchrun",
             "deepspeed_config": str(ROOT / "configs" / "deepspeed" / "zero2.json"),
             # 120 steps at 3e-3 reach exact match 0.42 (200 at 2e-3: 0.44; the bar is 0.3) in 40 s less
-            "max_steps": 120, "per_device_batch_size": 8, "learning_rate": 3e-3,
-            "max_length": 512, "save_steps": 1000, **training,
+            "max_steps": 120,
+            "per_device_batch_size": 8,
+            "learning_rate": 3e-3,
+            "max_length": 512,
+            "save_steps": 1000,
+            **training,
         },
         "evaluation": {"max_new_tokens": 4},
-        "blessing": {"thresholds": [
-            {"metric": "exact_match", "value_threshold": {"lower_bound": 0.3},
-             "change_threshold": {"direction": "higher_is_better", "absolute": 0.01}},
-            {"metric": "eval_loss", "change_threshold": {"direction": "lower_is_better", "absolute": 0.0}},
-        ]},
+        "blessing": {
+            "thresholds": [
+                {
+                    "metric": "exact_match",
+                    "value_threshold": {"lower_bound": 0.3},
+                    "change_threshold": {"direction": "higher_is_better", "absolute": 0.01},
+                },
+                {"metric": "eval_loss", "change_threshold": {"direction": "lower_is_better", "absolute": 0.0}},
+            ]
+        },
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -48,13 +58,19 @@ def write_config(path: Path, home: Path, base: Path, data: Path, **training) -> 
 
 def train(config: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
-    return subprocess.run([TUNELOOP, "train", "--config", str(config), "--json", *extra],
-                          capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)
+    return subprocess.run(
+        [TUNELOOP, "train", "--config", str(config), "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def summary_of(out: subprocess.CompletedProcess) -> dict:
     assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
-    return json.loads(out.stdout[out.stdout.index("{\n"):])
+    return json.loads(out.stdout[out.stdout.index("{\n") :])
 
 
 def test_fine_tune_bless_promote_then_refuse_a_worse_model(tmp_path, shared_data, demo_base_model):
@@ -85,8 +101,9 @@ def test_fine_tune_bless_promote_then_refuse_a_worse_model(tmp_path, shared_data
     # A second run that is not better (a few steps from the base) is scored against the
     # champion on the same eval set, registered as challenger, and not promoted.
     # (one process, no DeepSpeed: the worse model needs no distributed launch, the good one had it)
-    worse = write_config(tmp_path / "worse.yaml", home, demo_base_model, t0, max_steps=3, num_processes=1,
-                         deepspeed_config=None)
+    worse = write_config(
+        tmp_path / "worse.yaml", home, demo_base_model, t0, max_steps=3, num_processes=1, deepspeed_config=None
+    )
     second = summary_of(train(worse))
     assert second["champion_before"] == first["champion_after"]
     assert not second["blessed"] and not second["promoted"]
@@ -112,17 +129,25 @@ def test_fine_tune_bless_promote_then_refuse_a_worse_model(tmp_path, shared_data
     assert len(rows) == int(second["challenger"]["metrics"]["num_examples"])
     assert {r["id"] for r in rows if not r["label_match"]} >= {w["id"] for w in wrong}
     summary_md = (local / "summary.md").read_text()
-    section = summary_md[summary_md.index("## Predictions"):]
+    section = summary_md[summary_md.index("## Predictions") :]
     assert f"| {wrong[0]['id']}" in section and "champion" in section.split("\n| row |")[1].split("\n")[0]
     # the majority label beside the scores, on the same eval split
     assert 0 < second["challenger"]["metrics"]["majority_label"] <= 1
 
 
 def test_poisoned_dataset_stops_before_training(tmp_path, demo_base_model):
-    rows = [{"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": w}]}
-            for w in ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "zeta", "iota"] * 2]
-    rows.append({"messages": [{"role": "user", "content": "key?"},
-                              {"role": "assistant", "content": "sk-proj-Zx8Qw3Er5Ty7Ui9Op1As2Df4Gh6Jk8Lz"}]})
+    rows = [
+        {"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": w}]}
+        for w in ["alpha", "beta", "gamma", "delta", "omega", "kappa", "sigma", "theta", "zeta", "iota"] * 2
+    ]
+    rows.append(
+        {
+            "messages": [
+                {"role": "user", "content": "key?"},
+                {"role": "assistant", "content": "sk-proj-Zx8Qw3Er5Ty7Ui9Op1As2Df4Gh6Jk8Lz"},
+            ]
+        }
+    )
     data = tmp_path / "poisoned.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     home = tmp_path / "home"

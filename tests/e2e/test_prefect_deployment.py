@@ -18,15 +18,27 @@ pytestmark = pytest.mark.slow
 
 
 def py(code: str, env: dict) -> str:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
 
 def prefect(*args, env):
-    out = subprocess.run([str(BIN / "prefect"), "--no-prompt", *args], env={**os.environ, **env},
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = subprocess.run(
+        [str(BIN / "prefect"), "--no-prompt", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     return out.stdout
 
@@ -36,7 +48,9 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
         prefect("work-pool", "create", "tuneloop-local", "--type", "process", env=env)
         prefect("deploy", "--all", env=env)
 
-        info = json.loads(py("""
+        info = json.loads(
+            py(
+                """
             import asyncio, json
             from prefect.client.orchestration import get_client
             async def main():
@@ -55,7 +69,10 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
                         "expects": [sorted(a.trigger.expect) for a in autos],
                     }))
             asyncio.run(main())
-        """, env))
+        """,
+                env,
+            )
+        )
         assert info["pool"] == "tuneloop-local"
         assert info["entrypoint"] == "flows/training.py:training_flow"
         assert info["crons"] == ["0 3 * * 1"]
@@ -65,24 +82,32 @@ def test_training_deployment_schedule_and_event_trigger(tmp_path):
         assert "CANCEL_NEW" in info["collision"]  # a burst of retrain events runs one training
 
         # The monitoring flow's event starts a training run (no worker: it stays scheduled).
-        py("""
+        py(
+            """
             from tuneloop.config import load_config
             from flows.monitoring import emit
             emit("tuneloop.retrain.requested", {"data_path": "data/fresh.jsonl"}, load_config(None))
             print("sent")
-        """, env)
+        """,
+            env,
+        )
         deadline, runs = time.time() + 90, []
         while time.time() < deadline and not runs:
-            runs = json.loads(py(f"""
+            runs = json.loads(
+                py(
+                    f"""
                 import asyncio, json
                 from prefect.client.orchestration import get_client
                 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
                 async def main():
                     async with get_client() as c:
-                        runs = await c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=["{info['id']}"])))
+                        runs = await c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=["{info["id"]}"])))
                         print(json.dumps([r.parameters for r in runs if r.auto_scheduled is not True]))
                 asyncio.run(main())
-            """, env))
+            """,
+                    env,
+                )
+            )
             time.sleep(3)
         assert runs, "the retrain event did not start a training run within 90 s"
         assert runs[0]["data"] == "data/fresh.jsonl"

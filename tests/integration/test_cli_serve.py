@@ -27,14 +27,19 @@ def test_serve_with_a_model_it_cannot_load_exits_with_the_reason(tmp_path, broke
 
         build_tiny_model(model)
         (model / "model.safetensors").unlink()
-    env = {**os.environ, "TUNELOOP_HOME": str(tmp_path / "home"), "TUNELOOP_SERVE_MODEL_DIR": str(model),
-           "BENTOML_HOME": str(tmp_path / "bentoml")}
+    env = {
+        **os.environ,
+        "TUNELOOP_HOME": str(tmp_path / "home"),
+        "TUNELOOP_SERVE_MODEL_DIR": str(model),
+        "BENTOML_HOME": str(tmp_path / "bentoml"),
+    }
     from tests.support.servers import free_port
 
     port = free_port()
     started = time.perf_counter()
-    out = subprocess.run(TUNELOOP + ["serve", "--port", str(port)], capture_output=True, text=True, timeout=180,
-                         env=env)
+    out = subprocess.run(
+        TUNELOOP + ["serve", "--port", str(port)], capture_output=True, text=True, timeout=180, env=env
+    )
     elapsed = time.perf_counter() - started
     print(f"\n{broken}: exited {out.returncode} after {elapsed:.1f} s")
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]

@@ -20,8 +20,9 @@ from tests.support.serving_tiny_model import build_tiny_model
 def serving(**kw):
     from tuneloop.config import ServingConfig
 
-    return ServingConfig.model_validate({"engine_process": True, "compile": False, "num_threads": 1,
-                                         "dtype": "float32", **kw})
+    return ServingConfig.model_validate(
+        {"engine_process": True, "compile": False, "num_threads": 1, "dtype": "float32", **kw}
+    )
 
 
 def run(folder, test, **settings):

@@ -33,14 +33,15 @@ EMAIL = "jane.roe@fastmail.com"
 PLANTED = (SECRET, CARD, CARD.replace(" ", ""), EMAIL)
 
 
-
-
 def failing_dataset() -> tuple[list[Example], list[Example]]:
     """Clean free-text Q&A plus a duplicate, a secret, PII and an over-long completion."""
-    train = [chat(f"train.jsonl:{i + 1}", f"What is item {i} made of?", f"Item {i} is made of part {i * 7}.")
-             for i in range(30)]
-    eval_ = [chat(f"eval.jsonl:{i + 1}", f"How old is sample {i}?", f"Sample {i} is {i + 3} days old.")
-             for i in range(8)]
+    train = [
+        chat(f"train.jsonl:{i + 1}", f"What is item {i} made of?", f"Item {i} is made of part {i * 7}.")
+        for i in range(30)
+    ]
+    eval_ = [
+        chat(f"eval.jsonl:{i + 1}", f"How old is sample {i}?", f"Sample {i} is {i + 3} days old.") for i in range(8)
+    ]
     train += [
         chat("dup.jsonl:1", train[0].messages[0]["content"], train[0].completion),
         chat("secret.jsonl:1", "How do I call the API?", f"Use client = OpenAI(api_key='{SECRET}') and go."),
@@ -86,12 +87,18 @@ def render_in_chromium(page: Path, work: Path, timeout: float = 60) -> tuple[str
     (updates, accounts) have no origin as initiator and are not the page's."""
     netlog = work / "netlog.json"
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
         f"--user-data-dir={work / 'chromium-profile'}",
-        "--disable-background-networking", "--disable-component-update",
+        "--disable-background-networking",
+        "--disable-component-update",
         "--host-resolver-rules=MAP * ~NOTFOUND",
         f"--log-net-log={netlog}",
-        "--dump-dom", page.as_uri(),
+        "--dump-dom",
+        page.as_uri(),
     ]
     # Its own session: on a timeout the whole process tree (renderer, zygote) goes.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -109,8 +116,12 @@ def render_in_chromium(page: Path, work: Path, timeout: float = 60) -> tuple[str
     for event in log["events"]:
         params = event.get("params") or {}
         url, initiator = params.get("url", ""), params.get("initiator")
-        if event["type"] == start_job and initiator and initiator != "not an origin" \
-                and not url.startswith(("file:", "data:")):
+        if (
+            event["type"] == start_job
+            and initiator
+            and initiator != "not an origin"
+            and not url.startswith(("file:", "data:"))
+        ):
             requested.append(url)
     return dom, requested
 
@@ -161,8 +172,10 @@ def test_gate_report_renders_offline_with_failing_rows_and_no_pii(tmp_path):
 def test_request_check_catches_a_page_that_loads_from_a_cdn(tmp_path):
     # The check above would pass vacuously if the net log missed the page's requests.
     page = tmp_path / "cdn.html"
-    page.write_text('<html><head><link rel="stylesheet" href="https://cdn.example.com/x.css"></head>'
-                    '<body>hi<img src="https://cdn.example.com/logo.png"></body></html>')
+    page.write_text(
+        '<html><head><link rel="stylesheet" href="https://cdn.example.com/x.css"></head>'
+        '<body>hi<img src="https://cdn.example.com/logo.png"></body></html>'
+    )
     dom, requested = render_in_chromium(page, tmp_path)
     assert "hi" in visible_text(dom)
     assert sorted(requested) == ["https://cdn.example.com/logo.png", "https://cdn.example.com/x.css"]
@@ -171,14 +184,25 @@ def test_request_check_catches_a_page_that_loads_from_a_cdn(tmp_path):
 def test_long_lists_say_how_many_more_and_raw_values_are_withheld():
     listed = [f"dup.jsonl:{i}" for i in range(1, MAX_LISTED_IDS + 1)]
     outcome = ExpectationOutcome(
-        name="no duplicate examples", column="duplicate_of", success=False, unexpected_count=120,
-        checked_count=400, failing_example_ids=listed,
+        name="no duplicate examples",
+        column="duplicate_of",
+        success=False,
+        unexpected_count=120,
+        checked_count=400,
+        failing_example_ids=listed,
         failing_values=[f"duplicate of train.jsonl:{i}" for i in range(1, MAX_LISTED_IDS)] + [f"key {SECRET}"],
-        threshold="duplicates: none", expectation_type="expect_column_values_to_be_null",
+        threshold="duplicates: none",
+        expectation_type="expect_column_values_to_be_null",
     )
     blank = ExpectationOutcome(
-        name="completion is not empty", column="completion", success=False, unexpected_count=1, checked_count=400,
-        failing_example_ids=["blank.jsonl:7"], failing_values=[None], threshold="no blank completions",
+        name="completion is not empty",
+        column="completion",
+        success=False,
+        unexpected_count=1,
+        checked_count=400,
+        failing_example_ids=["blank.jsonl:7"],
+        failing_values=[None],
+        threshold="no blank completions",
         expectation_type="expect_column_values_to_not_be_null",
     )
     page = render_gate_report(ValidationReport(success=False, expectations=[outcome, blank], n_train=400))

@@ -69,23 +69,49 @@ def server(tmp_path_factory):
     model = build_tiny_model(tmp / "model", context_length=16384)
     home = tmp / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
-    env.update({"TUNELOOP_HOME": str(home), "BENTOML_HOME": str(tmp / "bentoml"),
-                "TUNELOOP_SERVE_MODEL_DIR": str(model), "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat",
-                "TUNELOOP_SERVE_MODEL_VERSION": "1", "TUNELOOP__SERVING__NUM_THREADS": "1",
-                "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__WARMUP_REQUESTS": "2",
-                "TUNELOOP__SERVING__MAX_CONCURRENCY": "64", "TUNELOOP__SERVING__SHUTDOWN_GRACE_S": "60",
-                "TUNELOOP__GATEWAY__CACHE__ENABLED": "false", "TUNELOOP__GATEWAY__FILTER__CLASSIFIER": "null"})
+    env.update(
+        {
+            "TUNELOOP_HOME": str(home),
+            "BENTOML_HOME": str(tmp / "bentoml"),
+            "TUNELOOP_SERVE_MODEL_DIR": str(model),
+            "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat",
+            "TUNELOOP_SERVE_MODEL_VERSION": "1",
+            "TUNELOOP__SERVING__NUM_THREADS": "1",
+            "TUNELOOP__SERVING__COMPILE": "false",
+            "TUNELOOP__SERVING__WARMUP_REQUESTS": "2",
+            "TUNELOOP__SERVING__MAX_CONCURRENCY": "64",
+            "TUNELOOP__SERVING__SHUTDOWN_GRACE_S": "60",
+            "TUNELOOP__GATEWAY__CACHE__ENABLED": "false",
+            "TUNELOOP__GATEWAY__FILTER__CLASSIFIER": "null",
+        }
+    )
     cfg = load_config(environ={"TUNELOOP_HOME": str(home)})
     cfg.home.mkdir(parents=True, exist_ok=True)
     store = open_key_store(cfg)
-    keys = {name: store.create(name, tier)[1] for name, tier in
-            [("heavy", "paid"), ("hog", "paid"), ("other", "paid"), *[(f"tenant{i}", "paid") for i in range(16)]]}
+    keys = {
+        name: store.create(name, tier)[1]
+        for name, tier in [
+            ("heavy", "paid"),
+            ("hog", "paid"),
+            ("other", "paid"),
+            *[(f"tenant{i}", "paid") for i in range(16)],
+        ]
+    }
     store.close()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bentoml",
+        "serve",
+        "bentos.service:TuneloopLLM",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with service(cmd, f"{url}/readyz", log, env=env, timeout=300, cwd=ROOT) as proc:
         yield {"url": url, "keys": keys, "log": log, "proc": proc, "home": home, "cfg": cfg}
 
@@ -110,8 +136,12 @@ def test_oversized_bodies_are_refused_before_they_are_read(server):
     worker = _worker(server)
     rss_before = worker.memory_info().rss
     t = time.perf_counter()
-    r = httpx.post(url + "/v1/chat/completions", headers=_h(key), timeout=30,
-                   content=json.dumps(_chat("x" * (10 * 2**20))).encode())
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        headers=_h(key),
+        timeout=30,
+        content=json.dumps(_chat("x" * (10 * 2**20))).encode(),
+    )
     took = time.perf_counter() - t
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text[:300]
     assert took < 3.0, took
@@ -120,8 +150,10 @@ def test_oversized_bodies_are_refused_before_they_are_read(server):
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         t = time.perf_counter()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: 104857600\r\n\r\n{\"mod")
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + key.encode() + b'\r\nContent-Length: 104857600\r\n\r\n{"mod'
+        )
         answer = b""
         while b"request_too_large" not in answer:
             chunk = sock.recv(65536)
@@ -143,8 +175,12 @@ def test_a_prompt_longer_than_the_context_is_refused_at_once(server):
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
     assert "characters" in r.json()["error"]["message"]
     assert time.perf_counter() - t < 3.0
-    ids = httpx.post(url + "/v1/completions", headers=_h(key), timeout=60,
-                     json={"model": "tiny-chat", "prompt": [5] * 20_000, "max_tokens": 2})
+    ids = httpx.post(
+        url + "/v1/completions",
+        headers=_h(key),
+        timeout=60,
+        json={"model": "tiny-chat", "prompt": [5] * 20_000, "max_tokens": 2},
+    )
     assert ids.status_code == 400 and ids.json()["error"]["code"] == "context_length_exceeded"
 
 
@@ -158,13 +194,15 @@ def test_a_pii_heavy_prompt_fails_no_other_tenant(server):
 
     async def main():
         async with httpx.AsyncClient(timeout=120) as client:
+
             async def heavy_one():
                 return await client.post(url + "/v1/chat/completions", headers=_h(keys["heavy"]), json=_chat(heavy))
 
             async def stream(i):
                 body = _chat(PII_LINE.format(150 + i, i) + f"Question {i}: how are you?", stream=True, max_tokens=24)
-                async with client.stream("POST", url + "/v1/chat/completions", headers=_h(keys[f"tenant{i}"]),
-                                         json=body) as r:
+                async with client.stream(
+                    "POST", url + "/v1/chat/completions", headers=_h(keys[f"tenant{i}"]), json=body
+                ) as r:
                     text = (await r.aread()).decode()
                 return r.status_code, text
 
@@ -184,20 +222,31 @@ def test_a_pii_heavy_prompt_fails_no_other_tenant(server):
 def test_one_tenant_takes_its_share_and_no_more(server):
     url, keys = server["url"], server["keys"]
     # 4 prompts x n=128: more generations than any key may hold at once, refused outright
-    r = httpx.post(url + "/v1/completions", headers=_h(keys["hog"]), timeout=30,
-                   json={"model": "tiny-chat", "prompt": ["a", "b", "c", "d"], "n": 128, "max_tokens": 400})
+    r = httpx.post(
+        url + "/v1/completions",
+        headers=_h(keys["hog"]),
+        timeout=30,
+        json={"model": "tiny-chat", "prompt": ["a", "b", "c", "d"], "n": 128, "max_tokens": 400},
+    )
     assert r.status_code == 400 and "API key may hold" in r.json()["error"]["message"], r.text[:300]
 
     async def main():
         async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=128)) as client:
+
             async def hog(i):
-                return await client.post(url + "/v1/chat/completions", headers=_h(keys["hog"]),
-                                         json=_chat(f"flood {i}", max_tokens=120, ignore_eos=True))
+                return await client.post(
+                    url + "/v1/chat/completions",
+                    headers=_h(keys["hog"]),
+                    json=_chat(f"flood {i}", max_tokens=120, ignore_eos=True),
+                )
 
             async def other(i):
                 await asyncio.sleep(0.3)  # while the flood holds its share
-                return await client.post(url + "/v1/chat/completions", headers=_h(keys["other"]),
-                                         json=_chat(f"my question {i}", max_tokens=4))
+                return await client.post(
+                    url + "/v1/chat/completions",
+                    headers=_h(keys["other"]),
+                    json=_chat(f"my question {i}", max_tokens=4),
+                )
 
             return await asyncio.gather(*(hog(i) for i in range(64)), *(other(i) for i in range(12)))
 
@@ -245,6 +294,7 @@ def test_a_killed_engine_is_restarted_and_liveness_stays_green(server):
 
     async def main():
         async with httpx.AsyncClient(timeout=120) as client:
+
             async def stream(i):
                 body = _chat(f"tell me a long story {i}", stream=True, max_tokens=8000, ignore_eos=True)
                 async with client.stream("POST", url + "/v1/chat/completions", headers=_h(key), json=body) as r:
@@ -289,6 +339,7 @@ def test_sigterm_lets_the_stream_in_flight_finish_and_logs_it(server):
 
     async def main():
         async with httpx.AsyncClient(timeout=120) as client:
+
             async def long_stream():
                 body = _chat("a long answer please", stream=True, max_tokens=3000, ignore_eos=True)
                 async with client.stream("POST", url + "/v1/chat/completions", headers=_h(key), json=body) as r:

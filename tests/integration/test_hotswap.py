@@ -22,8 +22,13 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("swap")
     a, b = build_tiny_model(root / "a", seed=0), build_tiny_model(root / "b", seed=1)
     other = build_tiny_model(root / "other", context_length=128, seed=2)  # another architecture (positions)
-    return {"a": a, "b": b, "other": other, "loaded_a": load_model(a, num_threads=1),
-            "loaded_b": load_model(b, num_threads=1)}
+    return {
+        "a": a,
+        "b": b,
+        "other": other,
+        "loaded_a": load_model(a, num_threads=1),
+        "loaded_b": load_model(b, num_threads=1),
+    }
 
 
 def test_slots_engine_swaps_weights_without_dropping_or_mixing_a_request(models):
@@ -42,8 +47,9 @@ def test_slots_engine_swaps_weights_without_dropping_or_mixing_a_request(models)
 
     async def one(delay: float):
         await asyncio.sleep(delay)
-        stream = GenerationStream(f"r{delay}", prompt, SamplingParams(max_new_tokens=12, temperature=0.0),
-                                  asyncio.get_running_loop())
+        stream = GenerationStream(
+            f"r{delay}", prompt, SamplingParams(max_new_tokens=12, temperature=0.0), asyncio.get_running_loop()
+        )
         engine.submit(stream)
         ids = [t async for chunk in stream.events() for t in chunk]
         return ids, stream.finish_reason
@@ -88,9 +94,18 @@ def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path
     from tuneloop.serving.setup import ServedModel
     from tuneloop.serving.slots import SlotEngine
 
-    cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path)}, "gateway": {
-        "auth": "off", "pii": {"mode": "off", "outputs": "off"}, "filter": {"prompts": "off", "outputs": "off"},
-        "cache": {"enabled": False}}, "request_log": {"texts": "omit"}})
+    cfg = TuneloopConfig.model_validate(
+        {
+            "paths": {"home": str(tmp_path)},
+            "gateway": {
+                "auth": "off",
+                "pii": {"mode": "off", "outputs": "off"},
+                "filter": {"prompts": "off", "outputs": "off"},
+                "cache": {"enabled": False},
+            },
+            "request_log": {"texts": "omit"},
+        }
+    )
     name = cfg.mlflow.registered_model
     registry = ModelRegistry.from_config(cfg)
     client = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri)
@@ -118,8 +133,12 @@ def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path
         watcher = ChampionWatcher(cfg, server, engine, poll_s=0.2)
         assert ChampionWatcher.applies(cfg, server.served, engine) is None
         http = raw(app)
-        body = {"model": f"{name}@champion", "max_tokens": 8, "temperature": 0,
-                "messages": [{"role": "user", "content": "Hello there"}]}
+        body = {
+            "model": f"{name}@champion",
+            "max_tokens": 8,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Hello there"}],
+        }
         assert not await watcher.check()  # the champion is what it serves
 
         stop, seen = asyncio.Event(), []
@@ -128,7 +147,9 @@ def test_the_server_follows_the_champion_while_a_client_streams(models, tmp_path
             while not stop.is_set():
                 r = await http.post("/v1/chat/completions", json={**body, "stream": True})
                 events = [line for line in r.text.splitlines() if line.startswith("data: {")]
-                seen.append((r.status_code, "error" in r.text, events[0] and __import__("json").loads(events[0][6:])["model"]))
+                seen.append(
+                    (r.status_code, "error" in r.text, events[0] and __import__("json").loads(events[0][6:])["model"])
+                )
 
         clients = [asyncio.ensure_future(streaming_client()) for _ in range(3)]
         await asyncio.sleep(0.3)
@@ -191,16 +212,37 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
     registry.promote(v1, None, "first", require_blessed=False)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {"TUNELOOP_HOME": str(home), "BENTOML_HOME": str(tmp_path / "bentoml"),
-           "TUNELOOP_SERVE_MODEL_DIR": str(models["a"]), "TUNELOOP_SERVE_MODEL_NAME": name,
-           "TUNELOOP_SERVE_MODEL_VERSION": v1, "TUNELOOP__SERVING__FOLLOW_CHAMPION_S": "1",
-           "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1",
-           "TUNELOOP__SERVING__ENGINE_PROCESS": engine_process,
-           "TUNELOOP__SERVING__DTYPE": "float32", **GATEWAY_OFF}  # as the reference answers below
-    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
-           "--port", str(port)]
-    body = {"model": name, "max_tokens": 16, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": "Hello there"}]}
+    env = {
+        "TUNELOOP_HOME": str(home),
+        "BENTOML_HOME": str(tmp_path / "bentoml"),
+        "TUNELOOP_SERVE_MODEL_DIR": str(models["a"]),
+        "TUNELOOP_SERVE_MODEL_NAME": name,
+        "TUNELOOP_SERVE_MODEL_VERSION": v1,
+        "TUNELOOP__SERVING__FOLLOW_CHAMPION_S": "1",
+        "TUNELOOP__SERVING__COMPILE": "false",
+        "TUNELOOP__SERVING__NUM_THREADS": "1",
+        "TUNELOOP__SERVING__ENGINE_PROCESS": engine_process,
+        "TUNELOOP__SERVING__DTYPE": "float32",
+        **GATEWAY_OFF,
+    }  # as the reference answers below
+    cmd = [
+        sys.executable,
+        "-m",
+        "bentoml",
+        "serve",
+        "bentos.service:TuneloopLLM",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    body = {
+        "model": name,
+        "max_tokens": 16,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Hello there"}],
+    }
     with service(cmd, f"{url}/readyz", tmp_path / "serve.log", env=env, timeout=240, cwd=ROOT):
         stop, seen = threading.Event(), []
 
@@ -229,8 +271,11 @@ def test_bentoml_serve_follows_a_promotion_with_no_failed_request(models, tmp_pa
             t.join(30)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         prompt = models["loaded_b"].tokenizer("Hello there", add_special_tokens=False)["input_ids"]
-        r = httpx.post(f"{url}/v1/completions", timeout=30,
-                       json={"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        r = httpx.post(
+            f"{url}/v1/completions",
+            timeout=30,
+            json={"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         answered = r.json()["choices"][0]["text"]
     assert serving == f"{name}:{v2}", (tmp_path / "serve.log").read_text()[-3000:]

@@ -74,8 +74,16 @@ def test_service_health_against_slos():
     from tuneloop.config import SloConfig
     from tuneloop.monitoring.slo import service_health
 
-    ok = [{"route": "/v1/chat/completions", "status": 200, "ttft_s": 0.1 * (i % 10 + 1), "latency_s": 1.0 + i % 5,
-           "error_code": None} for i in range(90)]
+    ok = [
+        {
+            "route": "/v1/chat/completions",
+            "status": 200,
+            "ttft_s": 0.1 * (i % 10 + 1),
+            "latency_s": 1.0 + i % 5,
+            "error_code": None,
+        }
+        for i in range(90)
+    ]
     bad = [{"route": "/v1/chat/completions", "status": 500, "error_code": "internal_error"}] * 4
     filtered = [{"route": "/v1/completions", "status": 400, "error_code": "content_filter"}] * 3
     limited = [{"route": "/v1/models", "status": 429, "error_code": "rate_limit_exceeded"}] * 3
@@ -94,12 +102,24 @@ def write_log(home: Path, prompts: list[str], start: datetime, key_id: str = "k1
     records = []
     for i, p in enumerate(prompts):
         t = start + timedelta(seconds=i)
-        records.append({"kind": "request", "request_id": f"req_{random.getrandbits(128):032x}",
-                        "response_id": f"chatcmpl-{random.getrandbits(128):032x}",
-                        "time": utc_iso(t.timestamp()), "route": "/v1/chat/completions", "status": 200,
-                        "key_id": key_id, "prompt": [{"role": "user", "content": p}], "completions": ["ok"],
-                        "ttft_s": 0.05, "latency_s": 0.4, "error_code": None, "prompt_tokens": 10,
-                        "completion_tokens": 2})
+        records.append(
+            {
+                "kind": "request",
+                "request_id": f"req_{random.getrandbits(128):032x}",
+                "response_id": f"chatcmpl-{random.getrandbits(128):032x}",
+                "time": utc_iso(t.timestamp()),
+                "route": "/v1/chat/completions",
+                "status": 200,
+                "key_id": key_id,
+                "prompt": [{"role": "user", "content": p}],
+                "completions": ["ok"],
+                "ttft_s": 0.05,
+                "latency_s": 0.4,
+                "error_code": None,
+                "prompt_tokens": 10,
+                "completion_tokens": 2,
+            }
+        )
     sink.write("requests", records)
     sink.close()
     return records
@@ -116,20 +136,40 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
     from tuneloop.requestlog.store import SegmentSink
 
     base = tmp_path / "legacy.jsonl"
-    base.write_text("".join(json.dumps({"prompt": f"Review {i}: fine. Positive or negative?",
-                                        "completion": " Positive"}) + "\n" for i in range(30)))
-    cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path / "home")},
-                                         "data": {"train_path": str(base)}})
+    base.write_text(
+        "".join(
+            json.dumps({"prompt": f"Review {i}: fine. Positive or negative?", "completion": " Positive"}) + "\n"
+            for i in range(30)
+        )
+    )
+    cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path / "home")}, "data": {"train_path": str(base)}})
     chat = write_log(cfg.home, ["Plan a weekend in Rome."], datetime.now(timezone.utc))[0]
     sink = SegmentSink(cfg.home / "requests", 1 << 20, 3600)
-    raw = {**chat, "request_id": "req_legacy", "response_id": "cmpl-1", "route": "/v1/completions",
-           "prompt": "Review 99: broke in a day. Positive or negative?"}
+    raw = {
+        **chat,
+        "request_id": "req_legacy",
+        "response_id": "cmpl-1",
+        "route": "/v1/completions",
+        "prompt": "Review 99: broke in a day. Positive or negative?",
+    }
     again = {**raw, "request_id": "req_legacy_2", "response_id": "cmpl-2"}  # the same prompt, asked twice
     sink.write("requests", [raw, again])
-    sink.write("feedback", [{"kind": "feedback", "feedback_id": f"fb_{i}", "time": r["time"], "request_id": r["request_id"],
-                             "key_id": "k1", "rating": -1, "correction": text, "comment": None}
-                            for i, (r, text) in enumerate([(chat, "Book the museum early."), (raw, " Negative"),
-                                                           (again, " Negative")])])
+    sink.write(
+        "feedback",
+        [
+            {
+                "kind": "feedback",
+                "feedback_id": f"fb_{i}",
+                "time": r["time"],
+                "request_id": r["request_id"],
+                "key_id": "k1",
+                "rating": -1,
+                "correction": text,
+                "comment": None,
+            }
+            for i, (r, text) in enumerate([(chat, "Book the museum early."), (raw, " Negative"), (again, " Negative")])
+        ],
+    )
     sink.close()
 
     out = retrain_dataset(cfg, tmp_path / "retrain", since=None)
@@ -137,8 +177,10 @@ def test_a_retrain_set_takes_feedback_only_in_its_own_kind(tmp_path):
     rows = [json.loads(line) for line in (Path(out["path"]) / "1-feedback.jsonl").read_text().splitlines()]
     assert rows == [{"prompt": raw["prompt"], "completion": " Negative"}]
     lineage = json.loads((tmp_path / "retrain" / "lineage.json").read_text())
-    assert lineage["rejected"] == {"a chat request, and the training set is legacy prompt/completion rows": 1,
-                                   "the same row as another correction": 1}  # the gate refuses duplicates
+    assert lineage["rejected"] == {
+        "a chat request, and the training set is legacy prompt/completion rows": 1,
+        "the same row as another correction": 1,
+    }  # the gate refuses duplicates
     prepared = prepare_dataset(cfg, train_path=Path(out["path"]))
     assert len(prepared.train) + len(prepared.eval) == 31
 
@@ -149,14 +191,16 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
     from tuneloop.monitoring.run import RETRAIN_EVENT, monitor
     from tuneloop.requestlog.store import SegmentSink
 
-    cfg = TuneloopConfig.model_validate({"paths": {"home": str(tmp_path / "home")},
-                                         "data": {"train_path": str(SAMPLE)}})
+    cfg = TuneloopConfig.model_validate(
+        {"paths": {"home": str(tmp_path / "home")}, "data": {"train_path": str(SAMPLE)}}
+    )
     now = datetime.now(timezone.utc).replace(microsecond=0)
     texts = sample_prompts()
     write_log(cfg.home, random.Random(1).sample(texts, 150), now - timedelta(hours=3))
     emitted = []
-    calm = monitor(cfg, since=now - timedelta(hours=4), until=now - timedelta(hours=2),
-                   emit=lambda e, p: emitted.append(e))
+    calm = monitor(
+        cfg, since=now - timedelta(hours=4), until=now - timedelta(hours=2), emit=lambda e, p: emitted.append(e)
+    )
     assert calm["drift"]["judged"] and not calm["drift"]["detected"], calm["drift"]
     assert calm["reference"]["source"] == "data.train_path"  # no champion yet: the configured set, said so
     assert calm["events"] == [] and emitted == []
@@ -164,9 +208,21 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
 
     shifted = write_log(cfg.home, random.Random(2).sample(shifted_prompts(), 150), now - timedelta(minutes=50))
     feedback = SegmentSink(cfg.home / "requests", 1 << 20, 3600)
-    feedback.write("feedback", [{"kind": "feedback", "feedback_id": "fb_1", "time": shifted[0]["time"],
-                                 "request_id": shifted[0]["request_id"], "key_id": "k1", "rating": -1,
-                                 "correction": "A better answer.", "comment": None}])
+    feedback.write(
+        "feedback",
+        [
+            {
+                "kind": "feedback",
+                "feedback_id": "fb_1",
+                "time": shifted[0]["time"],
+                "request_id": shifted[0]["request_id"],
+                "key_id": "k1",
+                "rating": -1,
+                "correction": "A better answer.",
+                "comment": None,
+            }
+        ],
+    )
     feedback.close()
     result = monitor(cfg, emit=lambda e, p: emitted.append((e, p)))
     assert result["drift"]["detected"], result["drift"]
@@ -192,19 +248,36 @@ def test_a_monitoring_run_reports_and_requests_one_retrain_with_feedback_data(tm
     import subprocess
     import sys
 
-    env = {**os.environ, "TUNELOOP_HOME": str(cfg.home), "TUNELOOP__DATA__TRAIN_PATH": str(SAMPLE),
-           "TUNELOOP__MONITORING__RETRAIN_DEBOUNCE_S": "0", "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")),
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
-    out = subprocess.run([sys.executable, "-m", "tuneloop.cli", "monitor", "--since", "1h", "--json"], env=env,
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    env = {
+        **os.environ,
+        "TUNELOOP_HOME": str(cfg.home),
+        "TUNELOOP__DATA__TRAIN_PATH": str(SAMPLE),
+        "TUNELOOP__MONITORING__RETRAIN_DEBOUNCE_S": "0",
+        "PREFECT_HOME": str(prefect_home(tmp_path / "prefect")),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "tuneloop.cli", "monitor", "--since", "1h", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    cli = json.loads(out.stdout[out.stdout.index("{\n"):])
+    cli = json.loads(out.stdout[out.stdout.index("{\n") :])
     assert cli["drift"]["detected"] is True and set(cli["drift"]["scores"]) >= {"embeddings", "text_length"}
     assert cli["events"] == [RETRAIN_EVENT] and cli["slo"]["judged"] is True and cli["mlflow_run_id"]
     import mlflow
 
-    run = mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(cli["mlflow_run_id"])
+    run = mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).get_run(
+        cli["mlflow_run_id"]
+    )
     assert run.data.metrics["drift_detected"] == 1.0
-    artifacts = [a.path for a in mlflow.tracking.MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).list_artifacts(
-        cli["mlflow_run_id"], "monitoring")]
+    artifacts = [
+        a.path
+        for a in mlflow.tracking.MlflowClient(
+            cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri
+        ).list_artifacts(cli["mlflow_run_id"], "monitoring")
+    ]
     assert "monitoring/drift-report.html" in artifacts and "monitoring/summary.md" in artifacts

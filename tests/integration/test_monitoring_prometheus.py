@@ -49,26 +49,59 @@ def test_prometheus_scrapes_the_bento_and_evaluates_the_rules(tmp_path):
 
     home = tmp_path / "home"
     (home / "monitoring").mkdir(parents=True)
-    (home / "monitoring" / "latest.json").write_text(json.dumps({
-        "time": "2026-12-01T00:00:00+00:00", "drift_detected": True, "drift_judged": True,
-        "scores": {"embeddings": 0.93, "text_length": 0.7}, "slo": {"ttft_p95_s": 0.2}, "slo_breached": []}))
+    (home / "monitoring" / "latest.json").write_text(
+        json.dumps(
+            {
+                "time": "2026-12-01T00:00:00+00:00",
+                "drift_detected": True,
+                "drift_judged": True,
+                "scores": {"embeddings": 0.93, "text_length": 0.7},
+                "slo": {"ttft_p95_s": 0.2},
+                "slo_breached": [],
+            }
+        )
+    )
     model = build_tiny_model(tmp_path / "model")
     port = free_port()
-    env = {"TUNELOOP_HOME": str(home), "BENTOML_HOME": str(tmp_path / "bentoml"), "TUNELOOP_SERVE_MODEL_DIR": str(model),
-           "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat", "TUNELOOP_SERVE_MODEL_VERSION": "4",
-           "TUNELOOP__SERVING__COMPILE": "false", "TUNELOOP__SERVING__NUM_THREADS": "1", **GATEWAY_OFF}
-    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
-           "--port", str(port)]
+    env = {
+        "TUNELOOP_HOME": str(home),
+        "BENTOML_HOME": str(tmp_path / "bentoml"),
+        "TUNELOOP_SERVE_MODEL_DIR": str(model),
+        "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat",
+        "TUNELOOP_SERVE_MODEL_VERSION": "4",
+        "TUNELOOP__SERVING__COMPILE": "false",
+        "TUNELOOP__SERVING__NUM_THREADS": "1",
+        **GATEWAY_OFF,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "bentoml",
+        "serve",
+        "bentos.service:TuneloopLLM",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     url = f"http://127.0.0.1:{port}"
-    with service(cmd, f"{url}/readyz", tmp_path / "serve.log", env=env, timeout=240, cwd=ROOT), \
-            prometheus_server(tmp_path, [f"127.0.0.1:{port}"], RULES) as prom:
+    with (
+        service(cmd, f"{url}/readyz", tmp_path / "serve.log", env=env, timeout=240, cwd=ROOT),
+        prometheus_server(tmp_path, [f"127.0.0.1:{port}"], RULES) as prom,
+    ):
         with httpx.Client(timeout=30) as client:
             deadline = time.time() + 90
             tokens = []
             while time.time() < deadline:
                 for i in range(4):
-                    r = client.post(f"{url}/v1/chat/completions", json={
-                        "model": "tiny-chat", "max_tokens": 8, "messages": [{"role": "user", "content": f"hi {i}"}]})
+                    r = client.post(
+                        f"{url}/v1/chat/completions",
+                        json={
+                            "model": "tiny-chat",
+                            "max_tokens": 8,
+                            "messages": [{"role": "user", "content": f"hi {i}"}],
+                        },
+                    )
                     assert r.status_code == 200
                 tokens = query(prom, "tuneloop:output_tokens:rate_5m")["data"]["result"]
                 alerts = query(prom, 'ALERTS{alertname="TuneloopDriftDetected",alertstate="firing"}')["data"]["result"]

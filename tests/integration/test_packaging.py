@@ -62,8 +62,9 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     from tuneloop.gateway.keys import open_key_store
 
     _, key = open_key_store(cfg).create("packaging-test", "paid")  # `tuneloop keys create`, as a user would
-    check = server.check_server(plan, port, setup["root"] / "serve-source.log", 180, "source",
-                                   headers={"Authorization": f"Bearer {key}"})
+    check = server.check_server(
+        plan, port, setup["root"] / "serve-source.log", 180, "source", headers={"Authorization": f"Bearer {key}"}
+    )
     print(f"\nserving the champion from source: {check.reason}")
     assert check.passed, check.reason + "\n" + check.log_tail
 
@@ -71,8 +72,10 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     started = time.perf_counter()
     steps: list[str] = []
     result = deployment.deploy_champion(cfg, progress=steps.append)
-    print(f"deploy v1: {result.seconds} ({time.perf_counter() - started:.1f} s in all); "
-          f"ready after {result.validation.seconds_to_ready} s")
+    print(
+        f"deploy v1: {result.seconds} ({time.perf_counter() - started:.1f} s in all); "
+        f"ready after {result.validation.seconds_to_ready} s"
+    )
     assert result.deployed, result.reason + "\n" + result.validation.log_tail
     assert result.version == setup["v1"] and result.registered_model == "tuneloop-chat"
     assert result.validation.passed and result.validation.completion is not None
@@ -102,11 +105,20 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
         monkeypatch.setenv("TUNELOOP__GATEWAY__CACHE__ENABLED", "false")  # a nested key
         plan = deployment.serve_plan(load_config(setup["config"]), port=port)
         assert plan.what == f"deployed bento {bento_v1}" and plan.env["TUNELOOP__GATEWAY__ON_REDIS_ERROR"] == "closed"
-        with service(plan.argv, f"http://127.0.0.1:{port}/readyz", setup["root"] / "serve-env.log", env=plan.env,
-                     timeout=180, cwd=plan.cwd):
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
-                           headers={"Authorization": f"Bearer {key}"},
-                           json={"model": "tuneloop-chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        with service(
+            plan.argv,
+            f"http://127.0.0.1:{port}/readyz",
+            setup["root"] / "serve-env.log",
+            env=plan.env,
+            timeout=180,
+            cwd=plan.cwd,
+        ):
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                timeout=30,
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": "tuneloop-chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+            )
         assert r.status_code == 503 and "Redis" in r.json()["error"]["message"], r.text
         monkeypatch.delenv("TUNELOOP__GATEWAY__ON_REDIS_ERROR")
         monkeypatch.delenv("TUNELOOP_REDIS_URL")
@@ -116,8 +128,10 @@ def test_deploy_champion_then_a_broken_champion_is_refused(setup, monkeypatch):
     store = bento._model_store(cfg)
     model = bentoml.models.get(result.model_tag, _model_store=store)
     assert model.info.labels == {
-        bento.LABEL_MODEL: "tuneloop-chat", bento.LABEL_VERSION: setup["v1"],
-        bento.LABEL_RUN: setup["run1"], "project": "tuneloop",
+        bento.LABEL_MODEL: "tuneloop-chat",
+        bento.LABEL_VERSION: setup["v1"],
+        bento.LABEL_RUN: setup["run1"],
+        "project": "tuneloop",
     }
     assert (Path(model.path) / "config.json").exists()
     assert model.info.metadata["mlflow_aliases"] == ["champion"]
@@ -217,13 +231,20 @@ def test_a_validation_server_dies_with_the_process_that_started_it(tmp_path):
     import psutil
 
     port = free_port()
-    parent = subprocess.Popen([sys.executable, "-c", f"""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 from pathlib import Path
 from tuneloop.packaging.server import ServeCommand, check_server
 command = ServeCommand(argv=[{sys.executable!r}, "-m", "http.server", "{port}", "--bind", "127.0.0.1"],
                                  env=dict(__import__("os").environ), cwd=Path({str(tmp_path)!r}))
 check_server(command, {port}, Path({str(tmp_path / "serve.log")!r}), 120, "orphan-test")
-"""], cwd=ROOT)
+""",
+        ],
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 60
         while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:

@@ -72,6 +72,7 @@ def test_a_script_survives_a_flush_and_the_connection_a_restart(tmp_path):
 
 def test_a_hung_server_times_out_every_waiting_call(tmp_path):
     with hung_listener() as url:
+
         async def main():
             pipe = RedisPipe(url, 0.3)
             t = time.perf_counter()
@@ -92,9 +93,25 @@ def test_the_urls_password_and_database_are_used(tmp_path):
     if binary is None:
         pytest.skip("redis-server is not installed (make install puts Debian's redis-server in place)")
     port = free_port()
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--requirepass", "s3cret", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--requirepass",
+            "s3cret",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(100):
             try:

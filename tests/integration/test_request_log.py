@@ -86,14 +86,21 @@ def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_
             if kind == "chat":
                 r = await client.post("/v1/chat/completions", json={**chat, "temperature": 0.7}, headers=h)
             elif kind == "stream":
-                r = await client.post("/v1/chat/completions", headers=h, json={
-                    **chat, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.5})
+                r = await client.post(
+                    "/v1/chat/completions",
+                    headers=h,
+                    json={**chat, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.5},
+                )
             elif kind == "completion":
-                r = await client.post("/v1/completions", json={"model": "tiny", "prompt": f"n{i}", "max_tokens": 3,
-                                                               "temperature": 0.9}, headers=h)
+                r = await client.post(
+                    "/v1/completions",
+                    json={"model": "tiny", "prompt": f"n{i}", "max_tokens": 3, "temperature": 0.9},
+                    headers=h,
+                )
             elif kind == "invalid":
-                r = await client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": -1},
-                                      headers=h)
+                r = await client.post(
+                    "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": -1}, headers=h
+                )
             elif kind == "badkey":
                 r = await client.get("/v1/models", headers=bearer("tl-000000000000_nope"))
             elif kind == "cached":
@@ -101,8 +108,9 @@ def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_
             elif kind == "models":
                 r = await client.get("/v1/models", headers=h)
             else:
-                r = await client.post("/v1/completions", json={"model": "tiny", "prompt": "s", "max_tokens": 2,
-                                                               "seed": i}, headers=h)
+                r = await client.post(
+                    "/v1/completions", json={"model": "tiny", "prompt": "s", "max_tokens": 2, "seed": i}, headers=h
+                )
             kinds.append((kind, r))
 
         await one(5)  # a deterministic answer in the cache first: the burst's copies of it hit
@@ -132,11 +140,16 @@ def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_
         if kind == "models":
             continue
         if kind == "stream":
-            usage = [json.loads(line[5:]) for line in resp.text.splitlines()
-                     if line.startswith("data: {") and '"usage":{' in line][-1]["usage"]
-            text = "".join(json.loads(line[5:])["choices"][0]["delta"].get("content", "")
-                           for line in resp.text.splitlines()
-                           if line.startswith("data: {") and '"choices":[{' in line)
+            usage = [
+                json.loads(line[5:])
+                for line in resp.text.splitlines()
+                if line.startswith("data: {") and '"usage":{' in line
+            ][-1]["usage"]
+            text = "".join(
+                json.loads(line[5:])["choices"][0]["delta"].get("content", "")
+                for line in resp.text.splitlines()
+                if line.startswith("data: {") and '"choices":[{' in line
+            )
             assert rec["stream"] is True and rec["completions"] == [text]
         else:
             body = resp.json()
@@ -174,15 +187,20 @@ def test_the_logs_own_cpu_is_counted_by_part(loaded, tmp_path):
         request_log.metrics = RequestLogMetrics(registry)
         client = raw(app)
         for i in range(12):
-            r = await client.post("/v1/completions", json={"model": "tiny", "prompt": f"mail me at a{i}@corp.io",
-                                                           "max_tokens": 3}, headers=bearer(key))
+            r = await client.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": f"mail me at a{i}@corp.io", "max_tokens": 3},
+                headers=bearer(key),
+            )
             assert r.status_code == 200
         await client.aclose()
         assert request_log.flush() == 12
 
     run_logged(loaded, cfg, test)
-    spent = {part: registry.get_sample_value("tuneloop_request_log_cpu_seconds_total", {"part": part})
-             for part in ("requests", "writer", "redactor_start")}
+    spent = {
+        part: registry.get_sample_value("tuneloop_request_log_cpu_seconds_total", {"part": part})
+        for part in ("requests", "writer", "redactor_start")
+    }
     assert all(v is not None and v > 0 for v in spent.values()), spent
     # (the redaction itself, part redactor, counts the child's clock ticks of 10 ms: possibly none for 12 texts)
     assert all("@corp.io" not in str(r["prompt"]) for r in logged(cfg))
@@ -199,8 +217,10 @@ def test_logged_texts_are_redacted_by_the_gateway_or_else_by_the_writer(loaded, 
 
         async def test(app, g, request_log):
             client = raw(app)
-            r1 = await client.post("/v1/chat/completions", json={
-                "model": "tiny", "messages": [{"role": "user", "content": first}], "stream": True})
+            r1 = await client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": first}], "stream": True},
+            )
             r2 = await client.post("/v1/completions", json={"model": "tiny", "prompt": second})
             r3 = await client.post("/v1/moderations", json={"input": ["fine", PLANTED_TEXT]})
             await client.aclose()
@@ -231,8 +251,9 @@ def test_a_cache_hit_is_logged_as_its_miss_was_without_analysing_it_again(loaded
     async def test(app, g, request_log):
         client = raw(app)
         body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        out = [await client.post("/v1/chat/completions", json={**body, "stream": stream})
-               for stream in (True, True, False)]
+        out = [
+            await client.post("/v1/chat/completions", json={**body, "stream": stream}) for stream in (True, True, False)
+        ]
         await client.aclose()
         return out
 
@@ -258,8 +279,15 @@ def test_texts_are_omitted_when_no_redaction_can_run(loaded, tmp_path):
 
     sink = SegmentSink(tmp_path / "log", 1 << 20, 3600)
     request_log = RequestLog(sink, 0.05, "redacted", broken)
-    request_log.submit({"kind": "request", "request_id": "req_1", "time": "2026-12-01T00:00:00.000Z",
-                        "prompt": PLANTED_TEXT, "completions": [PLANTED_TEXT]})
+    request_log.submit(
+        {
+            "kind": "request",
+            "request_id": "req_1",
+            "time": "2026-12-01T00:00:00.000Z",
+            "prompt": PLANTED_TEXT,
+            "completions": [PLANTED_TEXT],
+        }
+    )
     request_log.close()
     (rec,) = [json.loads(line) for p in (tmp_path / "log").glob("*.jsonl") for line in p.read_text().splitlines()]
     assert rec["prompt"] is None and rec["completions"] is None and "did not start" in rec["texts_omitted"]
@@ -276,8 +304,13 @@ def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
     request_log.warm_up()
 
     def rec(i):
-        return {"kind": "request", "request_id": f"r{i}", "time": f"2026-12-01T00:00:0{i}.000Z",
-                "prompt": [{"role": "user", "content": PLANTED_TEXT}], "completions": [PLANTED["email"]]}
+        return {
+            "kind": "request",
+            "request_id": f"r{i}",
+            "time": f"2026-12-01T00:00:0{i}.000Z",
+            "prompt": [{"role": "user", "content": PLANTED_TEXT}],
+            "completions": [PLANTED["email"]],
+        }
 
     request_log.submit(rec(1))
     request_log.flush()
@@ -292,10 +325,16 @@ def test_the_redaction_process_fails_closed_and_comes_back(tmp_path):
     request_log.flush()
     redactor.timeout_s = 60
     request_log.close()
-    records = {r["request_id"]: r for p in (tmp_path / "log").glob("*.jsonl") for r in map(json.loads, p.read_text().splitlines())}
+    records = {
+        r["request_id"]: r
+        for p in (tmp_path / "log").glob("*.jsonl")
+        for r in map(json.loads, p.read_text().splitlines())
+    }
     assert_clean(json.dumps(records), "the log")
     for i in ("r1", "r2"):
-        assert "<EMAIL_ADDRESS>" in records[i]["prompt"][0]["content"] and records[i]["completions"] == ["<EMAIL_ADDRESS>"]
+        assert "<EMAIL_ADDRESS>" in records[i]["prompt"][0]["content"] and records[i]["completions"] == [
+            "<EMAIL_ADDRESS>"
+        ]
     assert records["r3"]["prompt"] is None and records["r3"]["texts_omitted"] == "redaction failed"
 
 
@@ -309,8 +348,12 @@ def test_a_failing_database_spills_to_local_segments_and_nothing_is_lost(tmp_pat
     request_log = RequestLog(sql, 0.05, "omit", None, spill)
 
     def rec(i):
-        return {"kind": "request", "request_id": f"req_{i:032x}", "time": f"2026-12-01T00:00:{i:02d}.000Z",
-                "status": 200}
+        return {
+            "kind": "request",
+            "request_id": f"req_{i:032x}",
+            "time": f"2026-12-01T00:00:{i:02d}.000Z",
+            "status": 200,
+        }
 
     for i in range(5):
         request_log.submit(rec(i))
@@ -335,8 +378,10 @@ def test_a_line_cut_by_a_crash_is_skipped_and_segments_rotate(tmp_path):
 
     sink = SegmentSink(tmp_path, max_bytes=300, max_age_s=3600)
     for i in range(10):
-        sink.write("requests", [{"kind": "request", "request_id": f"r{i}", "time": f"2026-12-01T00:00:{i:02d}.000Z",
-                                 "pad": "x" * 80}])
+        sink.write(
+            "requests",
+            [{"kind": "request", "request_id": f"r{i}", "time": f"2026-12-01T00:00:{i:02d}.000Z", "pad": "x" * 80}],
+        )
     sink.close()
     segments = sorted(tmp_path.glob("requests-*.jsonl"))
     assert len(segments) > 2
@@ -353,25 +398,43 @@ def test_feedback_is_stored_with_the_log_and_bad_feedback_gets_400(loaded, tmp_p
     async def test(app, g, request_log):
         client = raw(app)
         h = bearer(key)
-        r = await client.post("/v1/chat/completions", headers=h, json={
-            "model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 3})
+        r = await client.post(
+            "/v1/chat/completions",
+            headers=h,
+            json={"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 3},
+        )
         rid, body_id = r.headers["x-request-id"], r.json()["id"]
-        ok1 = await client.post("/v1/feedback", headers=h, json={"request_id": rid, "rating": -1,
-                                                                 "correction": "4", "comment": "mail me at a@b.com"})
+        ok1 = await client.post(
+            "/v1/feedback",
+            headers=h,
+            json={"request_id": rid, "rating": -1, "correction": "4", "comment": "mail me at a@b.com"},
+        )
         ok2 = await client.post("/v1/feedback", headers=h, json={"request_id": body_id, "rating": 1})
         import httpx
         import openai
 
-        official = openai.AsyncOpenAI(base_url="http://test/v1", api_key=key, max_retries=0, http_client=httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://test"))
+        official = openai.AsyncOpenAI(
+            base_url="http://test/v1",
+            api_key=key,
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test"),
+        )
         via_sdk = await official.post("/feedback", body={"request_id": rid, "rating": 0}, cast_to=object)
         assert via_sdk["object"] == "feedback" and via_sdk["id"].startswith("fb_")  # the README's SDK call
-        bad = [await client.post("/v1/feedback", headers=h, json=b) for b in (
-            {"request_id": rid}, {"request_id": "nope", "rating": 1}, {"request_id": rid, "rating": 5},
-            {"request_id": rid, "correction": ""}, {"request_id": rid, "rating": 1, "extra": 1})]
+        bad = [
+            await client.post("/v1/feedback", headers=h, json=b)
+            for b in (
+                {"request_id": rid},
+                {"request_id": "nope", "rating": 1},
+                {"request_id": rid, "rating": 5},
+                {"request_id": rid, "correction": ""},
+                {"request_id": rid, "rating": 1, "extra": 1},
+            )
+        ]
         anon = await client.post("/v1/feedback", json={"request_id": rid, "rating": 1})
-        stranger = await client.post("/v1/feedback", headers=bearer(other_key),
-                                     json={"request_id": rid, "correction": "five"})
+        stranger = await client.post(
+            "/v1/feedback", headers=bearer(other_key), json={"request_id": rid, "correction": "five"}
+        )
         assert stranger.status_code == 200  # accepted, but it never becomes training data (below)
         app.state.request_log = None
         off = await client.post("/v1/feedback", headers=h, json={"request_id": rid, "rating": 1})
@@ -410,16 +473,24 @@ def test_logs_cli_tails_and_exports(tmp_path):
     from datetime import datetime, timedelta, timezone
 
     now = datetime.now(timezone.utc)
-    rows = [{"kind": "request", "request_id": f"req_{i:032x}", "status": 200 if i % 3 else 500, "route": "/v1/x",
-             "time": (now - timedelta(minutes=95 - 10 * i)).isoformat(timespec="milliseconds").replace("+00:00", "Z")}
-            for i in range(9)]
+    rows = [
+        {
+            "kind": "request",
+            "request_id": f"req_{i:032x}",
+            "status": 200 if i % 3 else 500,
+            "route": "/v1/x",
+            "time": (now - timedelta(minutes=95 - 10 * i)).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        }
+        for i in range(9)
+    ]
     sink.write("requests", rows)
     sink.close()
     env = {"TUNELOOP_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "COLUMNS": "240"}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "tuneloop.cli", "logs", *args], capture_output=True, text=True,
-                              cwd=ROOT, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "tuneloop.cli", "logs", *args], capture_output=True, text=True, cwd=ROOT, env=env
+        )
 
     tail = cli("tail", "-n", "3", "--json")
     assert tail.returncode == 0, tail.stderr
@@ -432,8 +503,11 @@ def test_logs_cli_tails_and_exports(tmp_path):
     import pandas as pd
 
     frame = pd.read_parquet(out)
-    assert sorted(frame["request_id"]) == sorted(r["request_id"] for r in rows if r["time"] >= (
-        now - timedelta(hours=1)).isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+    assert sorted(frame["request_id"]) == sorted(
+        r["request_id"]
+        for r in rows
+        if r["time"] >= (now - timedelta(hours=1)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
     bad = cli("export", "--since", "yesterday-ish")
     assert bad.returncode == 2 and "not a duration" in bad.stderr
 
@@ -449,8 +523,12 @@ def s3_server(tmp_path, monkeypatch):
     port = free_port()
     cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
     with service(cmd, f"http://127.0.0.1:{port}/moto-api/", tmp_path / "s3.log", timeout=60):
-        for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        for k, v in {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
             monkeypatch.setenv(k, v)
         client = boto3.client("s3")
         client.create_bucket(Bucket="logs")
@@ -468,8 +546,13 @@ def test_an_s3_bucket_gets_every_segment_once_closed_and_a_failed_upload_is_retr
     request_log = RequestLog(sink, 0.05, "omit", None, None)
 
     def rec(i):
-        return {"kind": "request", "request_id": f"req_{i:032x}", "time": f"2026-12-01T00:00:{i:02d}.000Z",
-                "status": 200, "pad": "x" * 60}
+        return {
+            "kind": "request",
+            "request_id": f"req_{i:032x}",
+            "time": f"2026-12-01T00:00:{i:02d}.000Z",
+            "status": 200,
+            "pad": "x" * 60,
+        }
 
     def keys():
         return [o["Key"] for o in s3_server.list_objects_v2(Bucket="logs").get("Contents", [])]
@@ -498,7 +581,7 @@ def test_an_s3_bucket_gets_every_segment_once_closed_and_a_failed_upload_is_retr
     # a segment a crashed process (gone pid) left staged goes up when the next writer starts
     from tuneloop.requestlog.record import HOST
 
-    dead = 2 ** 22 + 7
+    dead = 2**22 + 7
     while True:
         try:
             os.kill(dead, 0)

@@ -56,8 +56,17 @@ def serve(model_dir: Path, tmp: Path, engine: str, **serving):
         **GATEWAY_OFF,
         **{f"TUNELOOP__SERVING__{k.upper()}": str(v) for k, v in serving.items()},
     }
-    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM",
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bentoml",
+        "serve",
+        "bentos.service:TuneloopLLM",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     url = f"http://127.0.0.1:{port}"
     return url, service(cmd, f"{url}/readyz", tmp / f"serve-{engine}-{port}.log", env=env, timeout=180, cwd=ROOT)
 
@@ -82,8 +91,9 @@ def async_client(url, connections=300):
     import httpx
     import openai
 
-    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-                             timeout=300)
+    http = httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections), timeout=300
+    )
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, http_client=http)
 
 
@@ -105,8 +115,9 @@ def sample(text: str, name: str, **labels) -> float:
 
 
 def batches_over_one(text: str, engine: str) -> float:
-    return (sample(text, "tuneloop_batch_size_count", engine=engine)
-            - sample(text, "tuneloop_batch_size_bucket", engine=engine, le="1.0"))
+    return sample(text, "tuneloop_batch_size_count", engine=engine) - sample(
+        text, "tuneloop_batch_size_bucket", engine=engine, le="1.0"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,20 +129,29 @@ def test_models_completions_and_chat_sync(server):
     ids = [m.id for m in client.models.list().data]
     assert ids == ["tiny-chat:7", "tiny-chat@champion", "tiny-chat"]
 
-    comp = client.completions.create(model="tiny-chat:7", prompt="Hello world", max_tokens=8, temperature=0,
-                                     user="test-user")
+    comp = client.completions.create(
+        model="tiny-chat:7", prompt="Hello world", max_tokens=8, temperature=0, user="test-user"
+    )
     assert comp.object == "text_completion" and comp.model == "tiny-chat:7"
     assert comp.choices[0].finish_reason in ("stop", "length") and comp.usage.prompt_tokens > 0
     assert comp.usage.total_tokens == comp.usage.prompt_tokens + comp.usage.completion_tokens
     assert comp.system_fingerprint == f"tuneloop-{engine}"
 
-    chat = client.chat.completions.create(model="tiny-chat@champion", max_tokens=6, seed=3, temperature=0.8,
-                                          messages=[{"role": "system", "content": "Be brief."},
-                                                    {"role": "user", "content": "Say hello"}])
+    chat = client.chat.completions.create(
+        model="tiny-chat@champion",
+        max_tokens=6,
+        seed=3,
+        temperature=0.8,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}],
+    )
     assert chat.model == "tiny-chat:7"  # asked by alias, answered with the version actually serving
-    again = client.chat.completions.create(model="tiny-chat@champion", max_tokens=6, seed=3, temperature=0.8,
-                                           messages=[{"role": "system", "content": "Be brief."},
-                                                     {"role": "user", "content": "Say hello"}])
+    again = client.chat.completions.create(
+        model="tiny-chat@champion",
+        max_tokens=6,
+        seed=3,
+        temperature=0.8,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}],
+    )
     assert chat.choices[0].message.role == "assistant"
     assert chat.choices[0].message.content == again.choices[0].message.content  # seeded
 
@@ -140,19 +160,29 @@ def test_streaming_sync_and_async(server):
     engine, url = server
     client = sync_client(url)
     full = client.completions.create(model="tiny-chat", prompt="Hello world", max_tokens=12, temperature=0)
-    chunks = list(client.completions.create(model="tiny-chat", prompt="Hello world", max_tokens=12, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny-chat",
+            prompt="Hello world",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
 
     async def chat_stream():
         client = async_client(url)
-        stream = await client.chat.completions.create(model="tiny-chat", max_tokens=10, temperature=0, stream=True,
-                                                      messages=[{"role": "user", "content": "Hi"}])
+        stream = await client.chat.completions.create(
+            model="tiny-chat", max_tokens=10, temperature=0, stream=True, messages=[{"role": "user", "content": "Hi"}]
+        )
         parts = [c async for c in stream]
-        full = await client.chat.completions.create(model="tiny-chat", max_tokens=10, temperature=0,
-                                                    messages=[{"role": "user", "content": "Hi"}])
+        full = await client.chat.completions.create(
+            model="tiny-chat", max_tokens=10, temperature=0, messages=[{"role": "user", "content": "Hi"}]
+        )
         return parts, full
 
     parts, full_chat = asyncio.run(chat_stream())
@@ -160,9 +190,12 @@ def test_streaming_sync_and_async(server):
     assert "".join(p.choices[0].delta.content or "" for p in parts) == full_chat.choices[0].message.content
 
     # the raw wire format: SSE events, the last one `data: [DONE]`
-    req = urllib.request.Request(f"{url}/v1/completions", method="POST", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": "tiny-chat", "prompt": "Hi", "max_tokens": 3,
-                                                  "stream": True}).encode())
+    req = urllib.request.Request(
+        f"{url}/v1/completions",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "tiny-chat", "prompt": "Hi", "max_tokens": 3, "stream": True}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [e for e in r.read().decode().split("\n\n") if e]
@@ -189,8 +222,9 @@ def test_typed_errors_400_404(server):
     # BentoML's own answers are OpenAI-shaped too: an unknown path, and the internal batch
     # route, which outsiders never reach (test_internal_routes_are_unreachable_from_outside)
     for path, body, status in [("/v1/nope", {}, 404), ("/internal/generate_batch", {"x": 1}, 404)]:
-        req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
         assert err.value.code == status
@@ -207,11 +241,20 @@ def test_256_concurrent_requests_all_succeed_and_are_batched(server):
 
         async def one(i):
             if i % 2:
-                r = await client.completions.create(model="tiny-chat", prompt=PROMPTS[i % 4], max_tokens=max_tokens,
-                                                    temperature=0 if i % 3 else 0.7, seed=i)
+                r = await client.completions.create(
+                    model="tiny-chat",
+                    prompt=PROMPTS[i % 4],
+                    max_tokens=max_tokens,
+                    temperature=0 if i % 3 else 0.7,
+                    seed=i,
+                )
                 return r.usage.completion_tokens
-            r = await client.chat.completions.create(model="tiny-chat", max_tokens=max_tokens, temperature=0,
-                                                     messages=[{"role": "user", "content": PROMPTS[i % 4]}])
+            r = await client.chat.completions.create(
+                model="tiny-chat",
+                max_tokens=max_tokens,
+                temperature=0,
+                messages=[{"role": "user", "content": PROMPTS[i % 4]}],
+            )
             return r.usage.completion_tokens
 
         started = time.perf_counter()
@@ -224,18 +267,25 @@ def test_256_concurrent_requests_all_succeed_and_are_batched(server):
     tokens = sum(results)
     after = metrics(url)
     batched = batches_over_one(after, engine) - batches_over_one(before, engine)
-    steps = (sample(after, "tuneloop_batch_size_count", engine=engine)
-             - sample(before, "tuneloop_batch_size_count", engine=engine))
-    rows = (sample(after, "tuneloop_batch_size_sum", engine=engine)
-            - sample(before, "tuneloop_batch_size_sum", engine=engine))
-    print(f"\n{engine}: {n} concurrent requests in {seconds:.1f} s, {tokens / seconds:.0f} output tok/s, "
-          f"{steps:.0f} batches/steps of mean size {rows / max(steps, 1):.1f}, {batched:.0f} of them > 1")
+    steps = sample(after, "tuneloop_batch_size_count", engine=engine) - sample(
+        before, "tuneloop_batch_size_count", engine=engine
+    )
+    rows = sample(after, "tuneloop_batch_size_sum", engine=engine) - sample(
+        before, "tuneloop_batch_size_sum", engine=engine
+    )
+    print(
+        f"\n{engine}: {n} concurrent requests in {seconds:.1f} s, {tokens / seconds:.0f} output tok/s, "
+        f"{steps:.0f} batches/steps of mean size {rows / max(steps, 1):.1f}, {batched:.0f} of them > 1"
+    )
     assert batched > 0
     assert rows / steps > 2  # really batched, not one at a time
     assert sample(after, "tuneloop_requests_rejected_total") == sample(before, "tuneloop_requests_rejected_total")
     assert sample(after, "tuneloop_num_requests_running") == 0 and sample(after, "tuneloop_num_requests_waiting") == 0
-    assert sample(after, "tuneloop_time_to_first_token_seconds_count") - sample(
-        before, "tuneloop_time_to_first_token_seconds_count") >= n
+    assert (
+        sample(after, "tuneloop_time_to_first_token_seconds_count")
+        - sample(before, "tuneloop_time_to_first_token_seconds_count")
+        >= n
+    )
     if engine == "adaptive":
         assert sample(after, "tuneloop_internal_retries_total") == sample(before, "tuneloop_internal_retries_total")
 
@@ -252,15 +302,23 @@ def test_greedy_output_equals_single_request_generate(server, model_dir):
     async def served():
         client = async_client(url)
         # concurrent, so that the server batches them
-        return await asyncio.gather(*(client.completions.create(model="tiny-chat", prompt=p, max_tokens=10 + 5 * i,
-                                                                temperature=0) for i, p in enumerate(PROMPTS)))
+        return await asyncio.gather(
+            *(
+                client.completions.create(model="tiny-chat", prompt=p, max_tokens=10 + 5 * i, temperature=0)
+                for i, p in enumerate(PROMPTS)
+            )
+        )
 
     for i, (p, got) in enumerate(zip(PROMPTS, asyncio.run(served()))):
         ids = tok(p, add_special_tokens=False)["input_ids"]
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             generation_config=GenerationConfig(do_sample=False, max_new_tokens=10 + 5 * i,
-                                                                eos_token_id=stop, pad_token_id=tok.pad_token_id))
-        assert got.choices[0].text == tok.decode(out[0, len(ids):], skip_special_tokens=True), p
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            generation_config=GenerationConfig(
+                do_sample=False, max_new_tokens=10 + 5 * i, eos_token_id=stop, pad_token_id=tok.pad_token_id
+            ),
+        )
+        assert got.choices[0].text == tok.decode(out[0, len(ids) :], skip_special_tokens=True), p
 
 
 def test_openapi_spec_matches_the_routes(server):
@@ -271,8 +329,19 @@ def test_openapi_spec_matches_the_routes(server):
     assert "post" in paths["/v1/completions"] and "post" in paths["/v1/chat/completions"]
     assert "get" in paths["/v1/models"] and "get" in paths["/v1/models/{model}"]
     schemas = spec["components"]["schemas"]
-    assert {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
-            "stream_options", "user"} <= set(schemas["CompletionRequest"]["properties"])
+    assert {
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "n",
+        "stream",
+        "stream_options",
+        "user",
+    } <= set(schemas["CompletionRequest"]["properties"])
     assert "messages" in schemas["ChatCompletionRequest"]["properties"]
     responses = paths["/v1/completions"]["post"]["responses"]
     assert {"200", "400", "404", "429", "503", "504"} <= set(responses) and "422" not in responses
@@ -284,9 +353,14 @@ def test_internal_routes_are_unreachable_from_outside(server):
     import httpx
 
     engine, url = server
-    attempts = [("POST", {"json": {"request_ids": ["x"]}}), ("POST", {"json": {"request_ids": 5}}),
-                ("POST", {"content": b"{not json"}), ("POST", {}), ("GET", {}),
-                ("POST", {"json": {"request_ids": ["x"]}, "headers": {"x-tuneloop-internal": "guess"}})]
+    attempts = [
+        ("POST", {"json": {"request_ids": ["x"]}}),
+        ("POST", {"json": {"request_ids": 5}}),
+        ("POST", {"content": b"{not json"}),
+        ("POST", {}),
+        ("GET", {}),
+        ("POST", {"json": {"request_ids": ["x"]}, "headers": {"x-tuneloop-internal": "guess"}}),
+    ]
     for method, kw in attempts:
         r = httpx.request(method, f"{url}/internal/generate_batch", timeout=30, **kw)
         assert r.status_code == 404, (method, kw, r.status_code, r.text)
@@ -315,8 +389,14 @@ def test_schemathesis_finds_no_server_error_and_only_openai_shaped_errors(server
 
 @pytest.fixture(scope="module", params=["continuous", "slots"])
 def small_server(request, model_dir, tmp_path_factory):
-    url, ctx = serve(model_dir, tmp_path_factory.mktemp("serve-small"), request.param, max_concurrency=2,
-                     retry_after_s=3, compile="false")
+    url, ctx = serve(
+        model_dir,
+        tmp_path_factory.mktemp("serve-small"),
+        request.param,
+        max_concurrency=2,
+        retry_after_s=3,
+        compile="false",
+    )
     with ctx:
         yield url
 
@@ -328,9 +408,13 @@ def test_over_capacity_is_429_with_retry_after(small_server):
 
     async def run():
         client = async_client(url)
-        return await asyncio.gather(*(client.completions.create(model="tiny-chat", prompt="Hello", max_tokens=64,
-                                                                temperature=0) for _ in range(12)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(
+                client.completions.create(model="tiny-chat", prompt="Hello", max_tokens=64, temperature=0)
+                for _ in range(12)
+            ),
+            return_exceptions=True,
+        )
 
     results = asyncio.run(run())
     limited = [r for r in results if isinstance(r, openai.RateLimitError)]
@@ -375,9 +459,14 @@ def test_client_that_disconnects_frees_its_slot(small_server):
     parts = urlsplit(url)
     payload = json.dumps(body).encode()
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + parts.netloc.encode() +
-                     b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(payload)).encode() +
-                     b"\r\n\r\n" + payload)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: "
+            + parts.netloc.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(payload)).encode()
+            + b"\r\n\r\n"
+            + payload
+        )
     time.sleep(0.5)  # the server reads the request and sees the hang-up
     now = _wait_idle(url)
 
@@ -401,22 +490,51 @@ def test_serves_a_bentoml_model_and_is_ready_only_after_warm_up(model_dir, tmp_p
     import subprocess
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BENTOML_HOME": str(tmp_path / "bentoml")}
-    create = ("import bentoml, shutil, sys\n"
-              "with bentoml.models.create('tiny-chat', labels={'mlflow_version': '7'}) as m:\n"
-              "    shutil.copytree(sys.argv[1], m.path, dirs_exist_ok=True)\n"
-              "print(m.tag)")
-    tag = subprocess.run([sys.executable, "-c", create, str(model_dir)], env=env, capture_output=True, text=True,
-                         check=True).stdout.strip().splitlines()[-1]
+    create = (
+        "import bentoml, shutil, sys\n"
+        "with bentoml.models.create('tiny-chat', labels={'mlflow_version': '7'}) as m:\n"
+        "    shutil.copytree(sys.argv[1], m.path, dirs_exist_ok=True)\n"
+        "print(m.tag)"
+    )
+    tag = (
+        subprocess.run(
+            [sys.executable, "-c", create, str(model_dir)], env=env, capture_output=True, text=True, check=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     port = free_port()
-    env.update({"TUNELOOP__SERVING__BENTO_MODEL": tag, "TUNELOOP_SERVE_ENGINE": "adaptive",
-                "TUNELOOP_SERVE_MODEL_DIR": str(tmp_path / "not-used"),
-                "TUNELOOP__SERVING__NUM_THREADS": "1", "TUNELOOP__SERVING__WARMUP_REQUESTS": "40",
-                "TUNELOOP_HOME": str(tmp_path / "home"), **GATEWAY_OFF})
+    env.update(
+        {
+            "TUNELOOP__SERVING__BENTO_MODEL": tag,
+            "TUNELOOP_SERVE_ENGINE": "adaptive",
+            "TUNELOOP_SERVE_MODEL_DIR": str(tmp_path / "not-used"),
+            "TUNELOOP__SERVING__NUM_THREADS": "1",
+            "TUNELOOP__SERVING__WARMUP_REQUESTS": "40",
+            "TUNELOOP_HOME": str(tmp_path / "home"),
+            **GATEWAY_OFF,
+        }
+    )
     log = tmp_path / "serve.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host",
-                                 "127.0.0.1", "--port", str(port)], cwd=ROOT, env=env, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bentoml",
+                "serve",
+                "bentos.service:TuneloopLLM",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     codes = []
     try:
         deadline = time.time() + 180
@@ -430,8 +548,9 @@ def test_serves_a_bentoml_model_and_is_ready_only_after_warm_up(model_dir, tmp_p
                 pass
             time.sleep(0.1)
         assert codes and codes[-1] == 200, log.read_text()[-2000:]
-        comp = sync_client(f"http://127.0.0.1:{port}").completions.create(model="tuneloop-chat", prompt="Hi",
-                                                                           max_tokens=3)
+        comp = sync_client(f"http://127.0.0.1:{port}").completions.create(
+            model="tuneloop-chat", prompt="Hi", max_tokens=3
+        )
         assert comp.usage.completion_tokens > 0
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -454,8 +573,9 @@ def test_api_routes_make_spans_only_when_trace_requests_is_on(model_dir, tmp_pat
         # spans are the API routes' business, not the engine's: the quickest start will do
         url, ctx = serve(model_dir, tmp, "continuous", trace_requests=on, compile="false")
         with ctx:
-            sync_client(url).chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
-                                                     max_tokens=2, temperature=0)
+            sync_client(url).chat.completions.create(
+                model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0
+            )
         log = next(tmp.glob("serve-*.log")).read_text()
         lines[on] = [line for line in log.splitlines() if "path=/v1/chat/completions" in line]
         assert len(lines[on]) == 1, log[-2000:]  # the access log line is there either way

@@ -37,10 +37,14 @@ def vllm_server(tmp_path_factory):
     model_dir = build_tiny_model(tmp / "model", heads=1)  # vLLM's CPU attention: head size >= 32
     port = free_port()
     env = {
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "BENTOML_HOME": str(tmp / "bentoml"), "TUNELOOP_HOME": str(tmp / "home"),
-        "TUNELOOP_SERVE_MODEL_DIR": str(model_dir), "TUNELOOP_SERVE_ENGINE": "vllm",
-        "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat", "TUNELOOP_SERVE_MODEL_VERSION": "7",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "BENTOML_HOME": str(tmp / "bentoml"),
+        "TUNELOOP_HOME": str(tmp / "home"),
+        "TUNELOOP_SERVE_MODEL_DIR": str(model_dir),
+        "TUNELOOP_SERVE_ENGINE": "vllm",
+        "TUNELOOP_SERVE_MODEL_NAME": "tiny-chat",
+        "TUNELOOP_SERVE_MODEL_VERSION": "7",
         "TUNELOOP__SERVING__VLLM_PYTHON": str(VLLM_PYTHON),
         "TUNELOOP__SERVING__DTYPE": "float32",  # answers are compared with float32 `generate`
         "TUNELOOP__SERVING__KV_CACHE_GIB": "1",
@@ -49,8 +53,17 @@ def vllm_server(tmp_path_factory):
         "TUNELOOP__SERVING__VLLM_ARGS": '["--enforce-eager"]',
         **GATEWAY_OFF,
     }
-    cmd = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bentoml",
+        "serve",
+        "bentos.service:TuneloopLLM",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     with service(cmd, f"{url}/readyz", tmp / "serve.log", env=env, timeout=600, cwd=ROOT):
@@ -78,29 +91,45 @@ def test_vllm_engine_answers_like_generate_behind_tuneloops_api(vllm_server):
         got = c.completions.create(model="tiny-chat", prompt=prompt, max_tokens=10, temperature=0)
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=GenerationConfig(
-                do_sample=False, max_new_tokens=10, eos_token_id=[tok.eos_token_id,
-                                                                  tok.convert_tokens_to_ids("<|im_end|>")],
-                pad_token_id=tok.pad_token_id))
-        assert got.choices[0].text == tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True), prompt
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=GenerationConfig(
+                    do_sample=False,
+                    max_new_tokens=10,
+                    eos_token_id=[tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")],
+                    pad_token_id=tok.pad_token_id,
+                ),
+            )
+        assert got.choices[0].text == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), prompt
         assert got.usage.prompt_tokens == ids.shape[1]
 
-    chat = c.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-                                     temperature=0)
-    streamed = c.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
-                                         max_tokens=8, temperature=0, stream=True)
-    assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == \
-        chat.choices[0].message.content
+    chat = c.chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+    )
+    streamed = c.chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0, stream=True
+    )
+    assert (
+        "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == chat.choices[0].message.content
+    )
 
     a = c.completions.create(model="tiny-chat", prompt="Hello", max_tokens=8, temperature=1.0, seed=5)
     b = c.completions.create(model="tiny-chat", prompt="Hello", max_tokens=8, temperature=1.0, seed=5)
     assert a.choices[0].text == b.choices[0].text  # seeded sampling, in vLLM
     eos = tok.eos_token_id
-    stopped = c.completions.create(model="tiny-chat", prompt="Hello", max_tokens=8, temperature=0,
-                                   logit_bias={str(eos): 100})
+    stopped = c.completions.create(
+        model="tiny-chat", prompt="Hello", max_tokens=8, temperature=0, logit_bias={str(eos): 100}
+    )
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 0
-    through = c.completions.create(model="tiny-chat", prompt="Hello", max_tokens=8, temperature=0,
-                                   logit_bias={str(eos): 100}, extra_body={"ignore_eos": True})
+    through = c.completions.create(
+        model="tiny-chat",
+        prompt="Hello",
+        max_tokens=8,
+        temperature=0,
+        logit_bias={str(eos): 100},
+        extra_body={"ignore_eos": True},
+    )
     assert through.choices[0].finish_reason == "length" and through.usage.completion_tokens == 8
     with_lp = c.completions.create(model="tiny-chat", prompt="Hello world", max_tokens=4, temperature=0, logprobs=2)
     lp = with_lp.choices[0].logprobs
@@ -109,13 +138,16 @@ def test_vllm_engine_answers_like_generate_behind_tuneloops_api(vllm_server):
     cut = first.choices[0].text[3:6]
     if cut:  # tuneloop's stop strings, applied to vLLM's tokens
         stop = c.completions.create(model="tiny-chat", prompt="Hello world", max_tokens=10, temperature=0, stop=[cut])
-        assert stop.choices[0].text == first.choices[0].text[:first.choices[0].text.find(cut)]
+        assert stop.choices[0].text == first.choices[0].text[: first.choices[0].text.find(cut)]
     with pytest.raises(openai.BadRequestError) as e:  # tuneloop's checks stand in front of the engine
         c.completions.create(model="tiny-chat", prompt="word " * 300, max_tokens=10)
     assert e.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
-                                  tools=[{"type": "function", "function": {"name": "f"}}])
+        c.chat.completions.create(
+            model="tiny-chat",
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
     assert e.value.body["param"] == "tools"
 
 
@@ -124,9 +156,11 @@ def test_a_dead_vllm_process_fails_requests_and_turns_readyz_red(vllm_server):
     import psutil
 
     url, model_dir, _ = vllm_server
-    children = [p for p in psutil.process_iter(["cmdline"])
-                if "vllm.entrypoints.openai.api_server" in (cmd := " ".join(p.info["cmdline"] or []))
-                and str(model_dir) in cmd]
+    children = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "vllm.entrypoints.openai.api_server" in (cmd := " ".join(p.info["cmdline"] or [])) and str(model_dir) in cmd
+    ]
     assert children, "no vLLM child process found"
     for p in children:  # fault simulation: the engine process is killed
         os.killpg(p.pid, signal.SIGKILL)

@@ -41,16 +41,30 @@ def dataset_dir(tmp_path_factory) -> Path:
     return sentiment_dataset(tmp_path_factory.mktemp("dataset"))
 
 
-def make_spec(name: str, base_model: str, dataset_dir: Path, out: Path, *, deepspeed: str | None,
-              num_processes: int, launcher: str = "torchrun", **training) -> TrainSpec:
-    cfg = TrainingConfig(**{"per_device_batch_size": 8, "logging_steps": 5, "learning_rate": 3e-3,
-                            "warmup_ratio": 0.0, **training})
+def make_spec(
+    name: str,
+    base_model: str,
+    dataset_dir: Path,
+    out: Path,
+    *,
+    deepspeed: str | None,
+    num_processes: int,
+    launcher: str = "torchrun",
+    **training,
+) -> TrainSpec:
+    cfg = TrainingConfig(
+        **{"per_device_batch_size": 8, "logging_steps": 5, "learning_rate": 3e-3, "warmup_ratio": 0.0, **training}
+    )
     return TrainSpec(
-        name=name, base_model=base_model, train_path=str(dataset_dir / "train.jsonl"),
-        eval_path=str(dataset_dir / "eval.jsonl"), output_dir=str(out / name),
+        name=name,
+        base_model=base_model,
+        train_path=str(dataset_dir / "train.jsonl"),
+        eval_path=str(dataset_dir / "eval.jsonl"),
+        output_dir=str(out / name),
         training=cfg.model_dump(mode="json"),
         deepspeed_config=str(ZERO / f"{deepspeed}.json") if deepspeed else None,
-        num_processes=num_processes, launcher=launcher,
+        num_processes=num_processes,
+        launcher=launcher,
     )
 
 
@@ -65,9 +79,14 @@ def greedy_answers(model_dir: Path, examples: list[Example]) -> list[str]:
     answers = []
     for ex in examples:
         ids = torch.tensor([prompt_ids(ex, tokenizer)])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id)
-        answers.append(clean_completion(tokenizer.decode(out[0, ids.shape[1]:]), tokenizer))
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        answers.append(clean_completion(tokenizer.decode(out[0, ids.shape[1] :]), tokenizer))
     return answers
 
 
@@ -90,8 +109,18 @@ def read_tensors(model_dir: Path | str) -> dict:
 @pytest.mark.distributed
 def test_zero2_job_killed_midway_resumes_and_learns(tmp_path, base_model, dataset_dir):
     """DeepSpeed launcher, 2 processes, ZeRO-2: SIGKILL after the first checkpoint, relaunch."""
-    spec = make_spec("zero2", base_model, dataset_dir, tmp_path, deepspeed="zero2", num_processes=2,
-                     launcher="deepspeed", max_steps=60, save_steps=10, logging_steps=10)
+    spec = make_spec(
+        "zero2",
+        base_model,
+        dataset_dir,
+        tmp_path,
+        deepspeed="zero2",
+        num_processes=2,
+        launcher="deepspeed",
+        max_steps=60,
+        save_steps=10,
+        logging_steps=10,
+    )
 
     job = start_training(spec)
     first_run: list[str] = []
@@ -130,8 +159,18 @@ def test_zero2_job_killed_midway_resumes_and_learns(tmp_path, base_model, datase
 @pytest.mark.distributed
 def test_zero3_torchrun_job_saves_a_loadable_model(tmp_path, base_model, dataset_dir):
     """torchrun, 2 processes, ZeRO-3 (weights partitioned) with activation checkpointing."""
-    spec = make_spec("zero3", base_model, dataset_dir, tmp_path, deepspeed="zero3", num_processes=2,
-                     launcher="torchrun", max_steps=20, save_steps=20, gradient_checkpointing=True)
+    spec = make_spec(
+        "zero3",
+        base_model,
+        dataset_dir,
+        tmp_path,
+        deepspeed="zero3",
+        num_processes=2,
+        launcher="torchrun",
+        max_steps=20,
+        save_steps=20,
+        gradient_checkpointing=True,
+    )
     result = launch_training(spec, on_log=lambda line: None)
 
     assert result.train_result["zero_stage"] == 3 and result.train_result["num_processes"] == 2
@@ -146,9 +185,19 @@ def test_zero3_torchrun_job_saves_a_loadable_model(tmp_path, base_model, dataset
 @pytest.mark.slow
 def test_lora_job_saves_merged_plain_model(tmp_path, base_model, dataset_dir):
     """One process, no DeepSpeed, LoRA on the attention projection, merged at the end."""
-    spec = make_spec("lora", base_model, dataset_dir, tmp_path, deepspeed=None, num_processes=1,
-                     method="lora", lora={"r": 8, "alpha": 16, "target_modules": ["c_attn"]},
-                     learning_rate=1e-2, max_steps=20, save_steps=20)
+    spec = make_spec(
+        "lora",
+        base_model,
+        dataset_dir,
+        tmp_path,
+        deepspeed=None,
+        num_processes=1,
+        method="lora",
+        lora={"r": 8, "alpha": 16, "target_modules": ["c_attn"]},
+        learning_rate=1e-2,
+        max_steps=20,
+        save_steps=20,
+    )
     result = launch_training(spec, on_log=lambda line: None)
 
     assert result.train_result["method"] == "lora" and result.train_result["num_processes"] == 1
@@ -174,8 +223,17 @@ def test_failed_job_raises_with_the_end_of_its_log(tmp_path, base_model, dataset
 @pytest.mark.distributed
 def test_zero1_deepspeed_job_learns(tmp_path, base_model, dataset_dir):
     """The shipped ZeRO-1 config (optimizer states partitioned) on 2 processes, deepspeed launcher."""
-    spec = make_spec("zero1", base_model, dataset_dir, tmp_path, deepspeed="zero1", num_processes=2,
-                     launcher="deepspeed", max_steps=20, save_steps=20)
+    spec = make_spec(
+        "zero1",
+        base_model,
+        dataset_dir,
+        tmp_path,
+        deepspeed="zero1",
+        num_processes=2,
+        launcher="deepspeed",
+        max_steps=20,
+        save_steps=20,
+    )
     result = launch_training(spec, on_log=lambda line: None)
 
     assert result.train_result["zero_stage"] == 1 and result.train_result["num_processes"] == 2
@@ -196,9 +254,16 @@ def memorisation_examples(n: int, seed: int) -> list[Example]:
     for i in range(n):
         code = "".join(rng.choice("abcdefghjkmnpqrstuvwxyz") for _ in range(6))
         answer = rng.choice(words)
-        out.append(Example(example_id=f"code:{seed}:{i}", completion=answer,
-                           messages=[{"role": "user", "content": f"Colour of code {code}?"},
-                                     {"role": "assistant", "content": answer}]))
+        out.append(
+            Example(
+                example_id=f"code:{seed}:{i}",
+                completion=answer,
+                messages=[
+                    {"role": "user", "content": f"Colour of code {code}?"},
+                    {"role": "assistant", "content": answer},
+                ],
+            )
+        )
     return out
 
 
@@ -208,9 +273,19 @@ def test_early_stopping_keeps_the_checkpoint_with_the_lowest_eval_loss(tmp_path,
     d.mkdir()
     write_jsonl(d / "train.jsonl", memorisation_examples(16, seed=0))
     write_jsonl(d / "eval.jsonl", memorisation_examples(48, seed=1))
-    spec = make_spec("stop", base_model, d, tmp_path, deepspeed=None, num_processes=1, learning_rate=1e-2,
-                     max_steps=200, save_steps=5, per_device_batch_size=8,
-                     early_stopping={"patience": 3, "keep_best": True})
+    spec = make_spec(
+        "stop",
+        base_model,
+        d,
+        tmp_path,
+        deepspeed=None,
+        num_processes=1,
+        learning_rate=1e-2,
+        max_steps=200,
+        save_steps=5,
+        per_device_batch_size=8,
+        early_stopping={"patience": 3, "keep_best": True},
+    )
     result = launch_training(spec, on_log=lambda line: None).train_result
 
     history = dict((int(step), loss) for step, loss in result["eval_loss_history"])

@@ -71,7 +71,7 @@ class ScriptedModel:
 
         async def run():
             for i in range(0, len(self.ids), 2):  # two tokens per step: entities split across chunks
-                ids = self.ids[i:i + 2]
+                ids = self.ids[i : i + 2]
                 # when asked: each token's logprob (-0.5) and `top` alternatives (the token itself first)
                 stream.emit(ids, None if top is None else [(-0.5, [(t, -0.5), (0, -3.0)][:top]) for t in ids])
                 await asyncio.sleep(0)
@@ -86,4 +86,4 @@ def assert_clean(text: str, where: str) -> None:
         assert value not in text, f"{label} ({value}) leaked in {where}: {text!r}"
     for secret in (PLANTED["openai key"], PLANTED["github token"]):
         for i in range(0, len(secret) - 8):
-            assert secret[i:i + 8] not in text, f"part of a secret leaked in {where}"
+            assert secret[i : i + 8] not in text, f"part of a secret leaked in {where}"

@@ -7,8 +7,9 @@ import json
 import urllib.request
 
 
-def fuzz_openai_routes(url: str, model_names: list[str], headers: dict | None = None,
-                       max_examples: int = 60) -> dict[tuple, int]:
+def fuzz_openai_routes(
+    url: str, model_names: list[str], headers: dict | None = None, max_examples: int = 60
+) -> dict[tuple, int]:
     """Schemathesis over every /v1 operation of the served spec; asserts no 5xx and only
     OpenAI-shaped errors; returns how often each (mode, method, path, status) was seen."""
     import hypothesis
@@ -34,8 +35,14 @@ def fuzz_openai_routes(url: str, model_names: list[str], headers: dict | None = 
                 continue
 
             @given(case=op.as_strategy(generation_mode=mode))
-            @settings(max_examples=max_examples, deadline=None, phases=[Phase.generate], database=None,
-                      suppress_health_check=list(HealthCheck), derandomize=True)
+            @settings(
+                max_examples=max_examples,
+                deadline=None,
+                phases=[Phase.generate],
+                database=None,
+                suppress_health_check=list(HealthCheck),
+                derandomize=True,
+            )
             def check(case):  # run at once, inside this loop's turn (hypothesis refuses defaults here)
                 response = case.call(base_url=url, timeout=60, headers=headers)
                 key = (mode.value, op.method.upper(), op.path, response.status_code)  # noqa: B023

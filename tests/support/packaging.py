@@ -25,5 +25,14 @@ def registry_with_champion(root: Path) -> dict:
     run = client.create_run(experiment)
     v1 = registry.register(run.info.run_id, model_dir)
     registry.promote(v1, None, "test champion", require_blessed=False)
-    return {"cfg": cfg, "config": config, "client": client, "experiment": experiment, "registry": registry,
-            "model_dir": model_dir, "root": root, "v1": v1, "run1": run.info.run_id}
+    return {
+        "cfg": cfg,
+        "config": config,
+        "client": client,
+        "experiment": experiment,
+        "registry": registry,
+        "model_dir": model_dir,
+        "root": root,
+        "v1": v1,
+        "run1": run.info.run_id,
+    }

@@ -40,8 +40,9 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, lo
 
 def _start(cmd: list[str], log: Path, env: dict | None = None, cwd=None) -> subprocess.Popen:
     with open(log, "w") as fh:
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                start_new_session=True, cwd=cwd)
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True, cwd=cwd
+        )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -93,8 +94,7 @@ def prefect_home(path: Path) -> Path:
         port = free_port()
         cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
         env = {"PREFECT_HOME": str(template), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        with service(cmd, f"http://127.0.0.1:{port}/api/health", template.parent / "server.log", env=env,
-                     timeout=150):
+        with service(cmd, f"http://127.0.0.1:{port}/api/health", template.parent / "server.log", env=env, timeout=150):
             pass  # healthy = migrated and block types registered; stopped cleanly (the WAL checkpointed)
         _prefect_template = template
     shutil.copytree(_prefect_template, path)
@@ -122,10 +122,23 @@ def mlflow_server(tmp: Path, backend_store_uri: str, workers: int = 2):
     served over HTTP (`--serve-artifacts`, stored under tmp/mlflow-artifacts), Host header
     checked (`--allowed-hosts`, MLflow >= 3.5 refuses others); yields its URL."""
     port = free_port()
-    cmd = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-           "--backend-store-uri", backend_store_uri, "--serve-artifacts",
-           "--artifacts-destination", (tmp / "mlflow-artifacts").as_uri(),
-           "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}"]
+    cmd = [
+        str(BIN / "mlflow"),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--backend-store-uri",
+        backend_store_uri,
+        "--serve-artifacts",
+        "--artifacts-destination",
+        (tmp / "mlflow-artifacts").as_uri(),
+        "--allowed-hosts",
+        f"127.0.0.1:{port},localhost:{port}",
+    ]
     url = f"http://127.0.0.1:{port}"
     with service(cmd, f"{url}/health", tmp / f"mlflow-server-{port}.log", timeout=180):
         yield url
@@ -149,9 +162,12 @@ def redis_server(tmp: Path, port: int | None = None):
     port = port or free_port()
     log = tmp / f"redis-{port}.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                 "--appendonly", "no", "--dir", str(tmp)], stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.time() + 20
         while True:
@@ -215,16 +231,40 @@ def postgres_server(tmp: Path, databases: tuple[str, ...] = ()):
         os.chown(root, owner.pw_uid, owner.pw_gid)
     port = free_port()
     log = tmp / f"postgres-{port}.log"
-    init = subprocess.run(prefix + [initdb, "-D", str(data), "-U", "tuneloop", "--auth=trust", "-E", "UTF8",
-                                    "--no-sync"], capture_output=True, text=True, cwd=root)
+    init = subprocess.run(
+        prefix + [initdb, "-D", str(data), "-U", "tuneloop", "--auth=trust", "-E", "UTF8", "--no-sync"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     if init.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"initdb failed:\n{init.stdout}{init.stderr}")
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            prefix + [postgres, "-D", str(data), "-h", "127.0.0.1", "-p", str(port), "-k", str(root),
-                      "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
-            stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+            prefix
+            + [
+                postgres,
+                "-D",
+                str(data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-k",
+                str(root),
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=root,
+        )
     base = f"postgresql+psycopg://tuneloop@127.0.0.1:{port}"
     try:
         import psycopg
@@ -232,8 +272,9 @@ def postgres_server(tmp: Path, databases: tuple[str, ...] = ()):
         deadline = time.time() + 60
         while True:
             try:
-                conn = psycopg.connect(f"host=127.0.0.1 port={port} user=tuneloop dbname=postgres",
-                                       autocommit=True, connect_timeout=2)
+                conn = psycopg.connect(
+                    f"host=127.0.0.1 port={port} user=tuneloop dbname=postgres", autocommit=True, connect_timeout=2
+                )
                 break
             except psycopg.OperationalError:
                 if proc.poll() is not None or time.time() > deadline:
@@ -271,14 +312,23 @@ def prometheus_server(tmp: Path, targets: list[str], rules: Path, interval: str 
         pytest.skip("prometheus is not installed (make install puts Debian's prometheus in place)")
     port = free_port()
     config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": [str(rules)],
-        "scrape_configs": [{"job_name": "tuneloop-bento", "metrics_path": "/metrics",
-                            "static_configs": [{"targets": targets}]}],
-    }))
-    cmd = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-           f"--web.listen-address=127.0.0.1:{port}"]
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": interval, "evaluation_interval": interval},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {"job_name": "tuneloop-bento", "metrics_path": "/metrics", "static_configs": [{"targets": targets}]}
+                ],
+            }
+        )
+    )
+    cmd = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     with service(cmd, f"http://127.0.0.1:{port}/-/ready", tmp / "prometheus.log", timeout=60):
         yield f"http://127.0.0.1:{port}"
 
@@ -328,13 +378,11 @@ GATEWAY_OFF = {
 
 def run_ok(cmd: list[str], env: dict, timeout: float = 900, cwd=None) -> subprocess.CompletedProcess:
     """Run a command to its end; fail the test with the end of its output unless it exits 0."""
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                         cwd=cwd or ROOT)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)
     assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
     return out
 
 
 def last_json(stdout: str) -> dict:
     """The JSON object a `tuneloop ... --json` command prints after its progress lines."""
-    return json.loads(stdout[stdout.index("{\n"):])
-
+    return json.loads(stdout[stdout.index("{\n") :])

@@ -25,10 +25,13 @@ def reference(loaded, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     out = loaded.model.generate(
         torch.tensor([prompt_ids]),
         attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-        generation_config=GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens,
-                                           eos_token_id=sorted(loaded.stop_ids),
-                                           pad_token_id=loaded.tokenizer.pad_token_id),
-    )[0, len(prompt_ids):].tolist()
+        generation_config=GenerationConfig(
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(loaded.stop_ids),
+            pad_token_id=loaded.tokenizer.pad_token_id,
+        ),
+    )[0, len(prompt_ids) :].tolist()
     if out and out[-1] in loaded.stop_ids:
         out.pop()
     return out
@@ -103,8 +106,13 @@ def make_server(loaded, backend, **kw):
     from tuneloop.serving.setup import ServedModel
 
     admission = AdmissionController(kw.pop("max_concurrency", 64), kw.pop("timeout", 30.0), retry_after_s=2)
-    server = OpenAIServer(loaded=loaded, backend=backend, admission=admission,
-                          served=ServedModel("tiny", "3", aliases=["tiny@champion"]), **kw)
+    server = OpenAIServer(
+        loaded=loaded,
+        backend=backend,
+        admission=admission,
+        served=ServedModel("tiny", "3", aliases=["tiny@champion"]),
+        **kw,
+    )
     server.ready = True
     return server
 
@@ -114,8 +122,12 @@ def sdk(app):
     import openai
 
     transport = httpx.ASGITransport(app=app)
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0,
-                              http_client=httpx.AsyncClient(transport=transport, base_url="http://test"))
+    return openai.AsyncOpenAI(
+        base_url="http://test/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=httpx.AsyncClient(transport=transport, base_url="http://test"),
+    )
 
 
 def raw(app):
@@ -124,9 +136,19 @@ def raw(app):
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
-
-def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=None, engine_out=None,
-              decode_attention="kernel", forward="transformers", burst=0, **engine_kw):
+def run_slots(
+    loaded,
+    specs,
+    num_slots=8,
+    compile=False,
+    stagger_s=0.0,
+    sizes=None,
+    engine_out=None,
+    decode_attention="kernel",
+    forward="transformers",
+    burst=0,
+    **engine_kw,
+):
     """Run (prompt_ids, SamplingParams) specs through a SlotEngine; [(ids, finish_reason)].
 
     forward: transformers' (what test_serving_slots.py tests: padded prefill, the decoding
@@ -142,9 +164,15 @@ def run_slots(loaded, specs, num_slots=8, compile=False, stagger_s=0.0, sizes=No
     from tuneloop.serving.slots import SlotEngine
 
     async def main():
-        engine = SlotEngine(loaded, num_slots=num_slots, compile=compile,
-                            on_batch=sizes.append if sizes is not None else None, decode_attention=decode_attention,
-                            forward=forward, **engine_kw)
+        engine = SlotEngine(
+            loaded,
+            num_slots=num_slots,
+            compile=compile,
+            on_batch=sizes.append if sizes is not None else None,
+            decode_attention=decode_attention,
+            forward=forward,
+            **engine_kw,
+        )
         engine.launch()
         await asyncio.to_thread(engine.ready.wait, 600)
         rng = random.Random(0)
@@ -187,7 +215,6 @@ def assert_greedy_matches(loaded, specs, results):
         assert finish == ("length" if len(want) == params.max_new_tokens else "stop")
 
 
-
 async def gather_outcomes(streams):
     out = []
     for s in streams:
@@ -217,8 +244,11 @@ def run_engine(loaded, engine_name, specs, keep: list | None = None):
             results = await gather_outcomes(streams)
             await job
             return results
-        engine = (SlotEngine(loaded, num_slots=8) if engine_name == "slots"
-                  else ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256))
+        engine = (
+            SlotEngine(loaded, num_slots=8)
+            if engine_name == "slots"
+            else ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256)
+        )
         engine.launch()
         try:
             if engine_name == "slots":

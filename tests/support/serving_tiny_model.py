@@ -26,8 +26,9 @@ _TEXT = [
 ] * 20
 
 
-def build_tiny_model(folder: Path, context_length: int = 256, seed: int = 0, heads: int = 4,
-                     architecture: str = "gpt2") -> Path:
+def build_tiny_model(
+    folder: Path, context_length: int = 256, seed: int = 0, heads: int = 4, architecture: str = "gpt2"
+) -> Path:
     """Save a random-weight 2-layer GPT-2 (or Llama) and its tokenizer to folder; return folder.
 
     heads: attention heads over 64 dimensions (vLLM's CPU attention needs a head size of
@@ -63,17 +64,37 @@ def build_tiny_model(folder: Path, context_length: int = 256, seed: int = 0, hea
     tokenizer.chat_template = CHAT_TEMPLATE
 
     torch.manual_seed(seed)
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     # initializer_range wider than the usual 0.02 so greedy text varies from token to token (a sharper test)
     if architecture == "llama":
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-            num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=context_length,
-            tie_word_embeddings=True, initializer_range=0.2, **ids))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=64,
+                intermediate_size=176,
+                num_hidden_layers=2,
+                num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2),
+                max_position_embeddings=context_length,
+                tie_word_embeddings=True,
+                initializer_range=0.2,
+                **ids,
+            )
+        )
     elif architecture == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=context_length, n_embd=64,
-                                           n_layer=2, n_head=heads, initializer_range=0.2, **ids))
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(tokenizer),
+                n_positions=context_length,
+                n_embd=64,
+                n_layer=2,
+                n_head=heads,
+                initializer_range=0.2,
+                **ids,
+            )
+        )
     else:
         raise ValueError(f"architecture: gpt2 or llama, not {architecture!r}")
     folder = Path(folder)

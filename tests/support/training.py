@@ -23,7 +23,10 @@ def sentiment_examples(n: int, seed: int) -> list[Example]:
         a, b = rng.sample(GOOD if positive else BAD, 2)
         label = "positive" if positive else "negative"
         messages = [
-            {"role": "user", "content": f"Is this review positive or negative?\nThe {rng.choice(THINGS)} was {a} and {b}."},
+            {
+                "role": "user",
+                "content": f"Is this review positive or negative?\nThe {rng.choice(THINGS)} was {a} and {b}.",
+            },
             {"role": "assistant", "content": label},
         ]
         examples.append(Example(example_id=f"sentiment:{seed}:{i}", completion=label, messages=messages))

@@ -21,17 +21,25 @@ def _write(tmp_path, data, name="suite.yaml"):
 
 
 # ---- parsing ----------------------------------------------------------------------------
-@pytest.mark.parametrize("cases,message", [
-    ([{"kind": "mtf", "prompt": "a", "expected": "b"}], "cases[0]: unknown kind 'mtf': expected one of mft, inv, dir"),
-    ([{"prompt": "a", "expected": "b"}], "cases[0]: no kind"),
-    ([{"kind": "mft", "name": "sum", "prompt": "What is 1 + 1?"}], "cases[0] (sum): expected: Field required"),
-    ([{"kind": "dir", "base": "a", "perturbed": ["b"]}], "cases[0]: expected: Field required"),
-    ([{"kind": "inv", "prompts": ["only one"]}], "cases[0]: prompts: List should have at least 2 items"),
-    ([{"kind": "mft", "prompt": "a", "messages": [{"role": "user", "content": "a"}], "expected": "b"}],
-     "an mft case needs exactly one of prompt or messages"),
-    ([{"kind": "mft", "prompt": "a", "expected": "b", "expect": "c"}], "cases[0]: expect: unknown key"),
-    ([], "the suite has no cases"),
-])
+@pytest.mark.parametrize(
+    "cases,message",
+    [
+        (
+            [{"kind": "mtf", "prompt": "a", "expected": "b"}],
+            "cases[0]: unknown kind 'mtf': expected one of mft, inv, dir",
+        ),
+        ([{"prompt": "a", "expected": "b"}], "cases[0]: no kind"),
+        ([{"kind": "mft", "name": "sum", "prompt": "What is 1 + 1?"}], "cases[0] (sum): expected: Field required"),
+        ([{"kind": "dir", "base": "a", "perturbed": ["b"]}], "cases[0]: expected: Field required"),
+        ([{"kind": "inv", "prompts": ["only one"]}], "cases[0]: prompts: List should have at least 2 items"),
+        (
+            [{"kind": "mft", "prompt": "a", "messages": [{"role": "user", "content": "a"}], "expected": "b"}],
+            "an mft case needs exactly one of prompt or messages",
+        ),
+        ([{"kind": "mft", "prompt": "a", "expected": "b", "expect": "c"}], "cases[0]: expect: unknown key"),
+        ([], "the suite has no cases"),
+    ],
+)
 def test_bad_suites_name_the_file_and_the_case(tmp_path, cases, message):
     path = _write(tmp_path, {"cases": cases})
     with pytest.raises(SuiteError) as exc:
@@ -39,11 +47,14 @@ def test_bad_suites_name_the_file_and_the_case(tmp_path, cases, message):
     assert message in str(exc.value) and str(path) in str(exc.value)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("", "is empty"),
-    ("- a\n- b\n", "top level must be a mapping"),
-    ("cases: [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "is empty"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("cases: [", "not valid YAML"),
+    ],
+)
 def test_empty_or_malformed_files(tmp_path, text, message):
     with pytest.raises(SuiteError, match=message):
         load_suite(_write(tmp_path, text))
@@ -54,24 +65,38 @@ def test_empty_or_malformed_files(tmp_path, text, message):
 def test_prompt_rendering_errors_are_found_at_load_time(tmp_path):
     base = {"templates": {"review": "Review: {review}\nPositive?"}}
     bad = [
-        ({"kind": "mft", "name": "a", "prompt": {"review": "x"}, "expected": "y"},
-         "a prompt of fields ['review'] needs a template"),
-        ({"kind": "mft", "name": "a", "prompt": {"template": "rev", "review": "x"}, "expected": "y"},
-         "unknown template 'rev' (the suite has: review)"),
-        ({"kind": "mft", "name": "a", "template": "review", "prompt": {"text": "x"}, "expected": "y"},
-         "template 'review' needs field 'review'"),
-        ({"kind": "mft", "name": "a", "messages": [{"role": "assistant", "content": "x"}], "expected": "y"},
-         "chat messages must end with a user message"),
+        (
+            {"kind": "mft", "name": "a", "prompt": {"review": "x"}, "expected": "y"},
+            "a prompt of fields ['review'] needs a template",
+        ),
+        (
+            {"kind": "mft", "name": "a", "prompt": {"template": "rev", "review": "x"}, "expected": "y"},
+            "unknown template 'rev' (the suite has: review)",
+        ),
+        (
+            {"kind": "mft", "name": "a", "template": "review", "prompt": {"text": "x"}, "expected": "y"},
+            "template 'review' needs field 'review'",
+        ),
+        (
+            {"kind": "mft", "name": "a", "messages": [{"role": "assistant", "content": "x"}], "expected": "y"},
+            "chat messages must end with a user message",
+        ),
     ]
     for case, message in bad:
         with pytest.raises(SuiteError, match=re.escape(f"cases[0] (a): {message}")):
             parse_suite({**base, "cases": [case]}, "s.yaml")
-    legacy = {"format": "legacy", "cases": [{"kind": "mft", "messages": [{"role": "user", "content": "x"}],
-                                              "expected": "y"}]}
+    legacy = {
+        "format": "legacy",
+        "cases": [{"kind": "mft", "messages": [{"role": "user", "content": "x"}], "expected": "y"}],
+    }
     with pytest.raises(SuiteError, match="legacy .* takes text prompts"):
         parse_suite(legacy)
-    dupes = {"cases": [{"kind": "mft", "name": "x", "prompt": "a", "expected": "b"},
-                       {"kind": "mft", "name": "x", "prompt": "c", "expected": "d"}]}
+    dupes = {
+        "cases": [
+            {"kind": "mft", "name": "x", "prompt": "a", "expected": "b"},
+            {"kind": "mft", "name": "x", "prompt": "c", "expected": "d"},
+        ]
+    }
     with pytest.raises(SuiteError, match="unique, repeated: x"):
         parse_suite(dupes)
 
@@ -87,8 +112,10 @@ def test_repo_suites_load_with_all_three_kinds(name):
 
 
 def test_repo_configs_name_the_suites():
-    for config, suites in (("default.yaml", ["sample.yaml"]),
-                           ("smollm2.yaml", ["tickets.yaml", "amazon-polarity.yaml"])):
+    for config, suites in (
+        ("default.yaml", ["sample.yaml"]),
+        ("smollm2.yaml", ["tickets.yaml", "amazon-polarity.yaml"]),
+    ):
         cfg = load_config(REPO_ROOT / "configs" / config, environ={})
         assert [cfg.resolve(p) for p in cfg.evaluation.suites] == [SUITES / s for s in suites]
         for path in cfg.evaluation.suites:
@@ -99,12 +126,14 @@ def test_a_one_word_model_stays_under_the_configured_floors():
     """The suites are balanced enough that answering one word to everything cannot bless."""
     for config in ("default.yaml", "smollm2.yaml"):
         cfg = load_config(REPO_ROOT / "configs" / config, environ={})
-        floor = next(t.value_threshold.lower_bound for t in cfg.blessing.thresholds
-                     if t.metric == "behaviour_pass_rate")
+        floor = next(
+            t.value_threshold.lower_bound for t in cfg.blessing.thresholds if t.metric == "behaviour_pass_rate"
+        )
         for path in cfg.evaluation.suites:
             suite = load_suite(cfg.resolve(path))
-            words = {w for c in suite.cases for w in (getattr(c, "expected", None), getattr(c, "base_expected", None))
-                     if w}
+            words = {
+                w for c in suite.cases for w in (getattr(c, "expected", None), getattr(c, "base_expected", None)) if w
+            }
             for word in words:
                 rate = score_suite(suite, lambda exs, w=word: [w] * len(exs)).metrics["behaviour_pass_rate"]
                 assert rate < floor, (config, path, word, rate)
@@ -119,26 +148,46 @@ SUITE = {
         {"kind": "mft", "name": "sum-wrong", "prompt": "2+3", "expected": "5"},
         {"kind": "inv", "name": "same", "prompts": ["good A", "good B"], "expected": "Positive"},
         {"kind": "inv", "name": "agree", "prompts": ["x", "y"]},  # no expected: only agreement
-        {"kind": "dir", "name": "flip", "base": "good A", "base_expected": "positive",
-         "perturbed": ["good A. broke", "bad A"], "expected": "negative"},
+        {
+            "kind": "dir",
+            "name": "flip",
+            "base": "good A",
+            "base_expected": "positive",
+            "perturbed": ["good A. broke", "bad A"],
+            "expected": "negative",
+        },
     ],
 }
-ANSWERS = {"2+2": "4.<|endoftext|>", "2+3": "6", "good A": " Positive. ", "good B": "positive!",
-           "x": "maybe", "y": "Maybe", "good A. broke": "negative", "bad A": "positive"}
+ANSWERS = {
+    "2+2": "4.<|endoftext|>",
+    "2+3": "6",
+    "good A": " Positive. ",
+    "good B": "positive!",
+    "x": "maybe",
+    "y": "Maybe",
+    "good A. broke": "negative",
+    "bad A": "positive",
+}
 
 
 def _fake(calls):
     def answer(examples):
         calls.append(examples)
         return [ANSWERS[ex.messages[-2]["content"]] for ex in examples]
+
     return answer
 
 
 def test_scoring_per_kind_and_failures():
     calls = []
     result = score_suite(parse_suite(SUITE), _fake(calls))
-    assert result.metrics == {"behaviour_pass_rate": 3 / 5, "behaviour_mft": 1 / 2, "behaviour_inv": 1.0,
-                              "behaviour_dir": 0.0, "behaviour_cases": 5.0}
+    assert result.metrics == {
+        "behaviour_pass_rate": 3 / 5,
+        "behaviour_mft": 1 / 2,
+        "behaviour_inv": 1.0,
+        "behaviour_dir": 0.0,
+        "behaviour_cases": 5.0,
+    }
     # One batched call, each distinct prompt once ("good A" is in two cases).
     assert len(calls) == 1 and len(calls[0]) == len(ANSWERS)
     ex = calls[0][0]
@@ -163,18 +212,32 @@ def test_invariance_without_expected_fails_when_answers_differ():
 
 
 def test_directional_base_is_checked_when_named():
-    suite = parse_suite({"cases": [
-        {"kind": "dir", "name": "d", "base": "14", "base_expected": "even", "perturbed": ["15"], "expected": "odd"}]})
+    suite = parse_suite(
+        {
+            "cases": [
+                {
+                    "kind": "dir",
+                    "name": "d",
+                    "base": "14",
+                    "base_expected": "even",
+                    "perturbed": ["15"],
+                    "expected": "odd",
+                }
+            ]
+        }
+    )
     result = score_suite(suite, lambda exs: ["odd", "odd"])
     assert result.failures[0].reason == "base answered 'odd', expected 'even'"
 
 
 def test_legacy_suites_send_raw_text_and_templates():
-    suite = parse_suite({
-        "format": "legacy",
-        "templates": {"t": "Review: {review}\nPositive?\n"},
-        "cases": [{"kind": "mft", "name": "a", "template": "t", "prompt": {"review": "Nice."}, "expected": "Yes"}],
-    })
+    suite = parse_suite(
+        {
+            "format": "legacy",
+            "templates": {"t": "Review: {review}\nPositive?\n"},
+            "cases": [{"kind": "mft", "name": "a", "template": "t", "prompt": {"review": "Nice."}, "expected": "Yes"}],
+        }
+    )
     seen = []
     result = score_suite(suite, lambda exs: seen.extend(exs) or ["Yes<|endoftext|>"])
     assert seen[0].messages is None and seen[0].prompt == "Review: Nice.\nPositive?\n"
@@ -199,8 +262,11 @@ def test_blessing_on_behaviour_metrics_and_a_missing_one_fails_clearly():
 
 def test_config_refuses_behaviour_thresholds_without_a_suite(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"blessing": {"thresholds": [
-        {"metric": "behaviour_pass_rate", "value_threshold": {"lower_bound": 0.5}}]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"blessing": {"thresholds": [{"metric": "behaviour_pass_rate", "value_threshold": {"lower_bound": 0.5}}]}}
+        )
+    )
     with pytest.raises(ConfigError, match="behaviour_pass_rate but evaluation.behaviour_suite is not set"):
         load_config(path, environ={})
     cfg = load_config(path, environ={"TUNELOOP__EVALUATION__BEHAVIOUR_SUITE": "configs/behaviour/sample.yaml"})
@@ -210,8 +276,9 @@ def test_config_refuses_behaviour_thresholds_without_a_suite(tmp_path):
 def test_report_lists_the_challengers_failing_cases(tmp_path):
     result = score_suite(parse_suite(SUITE), _fake([])).to_dict()
     table = {"cand-0": {"exact_match": 0.5, **result["metrics"]}, "base": {"exact_match": 0.0}}
-    paths = write_report(tmp_path / "report", None, table, None, behaviour={"cand-0": result, "base": result},
-                         challenger="cand-0")
+    paths = write_report(
+        tmp_path / "report", None, table, None, behaviour={"cand-0": result, "base": result}, challenger="cand-0"
+    )
     assert json.loads(paths["behaviour"].read_text())["cand-0"]["metrics"]["behaviour_pass_rate"] == 0.6
     md = paths["summary"].read_text()
     assert "## Behavioural tests" in md and "### Failing cases of cand-0: 2 of 5" in md
@@ -259,9 +326,10 @@ def test_a_suite_of_another_task_is_skipped_and_one_of_the_same_task_runs(demo_b
         e.messages = [m for m in e.messages if m["role"] != "system"]
     neither = run_suites(demo_base_model, suites, cfg, news)
     assert not neither["ran"] and len(neither["skipped"]) == 2 and neither["metrics"] == {}
-    thresholds = [MetricThreshold.model_validate({"metric": "exact_match", "value_threshold": {"lower_bound": 0.0}}),
-                  MetricThreshold.model_validate({"metric": "behaviour_pass_rate",
-                                                  "value_threshold": {"lower_bound": 0.7}})]
+    thresholds = [
+        MetricThreshold.model_validate({"metric": "exact_match", "value_threshold": {"lower_bound": 0.0}}),
+        MetricThreshold.model_validate({"metric": "behaviour_pass_rate", "value_threshold": {"lower_bound": 0.7}}),
+    ]
     why = "; ".join(s["reason"] for s in neither["skipped"])
     blessed = bless({"exact_match": 0.5}, None, thresholds, not_applicable={"behaviour_": why})
     assert blessed.blessed and any(r.startswith("SKIP behaviour_pass_rate: not measured") for r in blessed.reasons)

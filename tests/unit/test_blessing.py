@@ -31,44 +31,129 @@ CASES = [
     ("NaN fails a value check", {"eval_loss": math.nan}, None, [T("eval_loss", upper=9.0)], False),
     ("missing metric fails", {"f1": 0.9}, None, [T("exact_match", lower=0.1)], False),
     ("no champion: change skipped", {"exact_match": 0.1}, None, [T("exact_match", direction=HI, absolute=0.5)], True),
-    ("no champion: value still applies",
-     {"exact_match": 0.1}, None, [T("exact_match", lower=0.2, direction=HI, absolute=0.0)], False),
+    (
+        "no champion: value still applies",
+        {"exact_match": 0.1},
+        None,
+        [T("exact_match", lower=0.2, direction=HI, absolute=0.0)],
+        False,
+    ),
     # Values exactly representable in binary so "equal to the threshold" is really equal.
-    ("higher: gain equal to absolute passes", {"exact_match": 0.75}, {"exact_match": 0.5},
-     [T("exact_match", direction=HI, absolute=0.25)], True),
-    ("higher: gain below absolute fails", {"exact_match": 0.625}, {"exact_match": 0.5},
-     [T("exact_match", direction=HI, absolute=0.25)], False),
-    ("higher: equal is inclusive", {"exact_match": 0.5}, {"exact_match": 0.5},
-     [T("exact_match", direction=HI, absolute=0.0)], True),
-    ("higher: small loss fails 'not worse'", {"exact_match": 0.49}, {"exact_match": 0.5},
-     [T("exact_match", direction=HI, absolute=-1e-10)], False),
-    ("higher: tolerance allows a small loss", {"exact_match": 0.49}, {"exact_match": 0.5},
-     [T("exact_match", direction=HI, absolute=-0.02)], True),
+    (
+        "higher: gain equal to absolute passes",
+        {"exact_match": 0.75},
+        {"exact_match": 0.5},
+        [T("exact_match", direction=HI, absolute=0.25)],
+        True,
+    ),
+    (
+        "higher: gain below absolute fails",
+        {"exact_match": 0.625},
+        {"exact_match": 0.5},
+        [T("exact_match", direction=HI, absolute=0.25)],
+        False,
+    ),
+    (
+        "higher: equal is inclusive",
+        {"exact_match": 0.5},
+        {"exact_match": 0.5},
+        [T("exact_match", direction=HI, absolute=0.0)],
+        True,
+    ),
+    (
+        "higher: small loss fails 'not worse'",
+        {"exact_match": 0.49},
+        {"exact_match": 0.5},
+        [T("exact_match", direction=HI, absolute=-1e-10)],
+        False,
+    ),
+    (
+        "higher: tolerance allows a small loss",
+        {"exact_match": 0.49},
+        {"exact_match": 0.5},
+        [T("exact_match", direction=HI, absolute=-0.02)],
+        True,
+    ),
     ("higher: relative met", {"f1": 0.55}, {"f1": 0.5}, [T("f1", direction=HI, relative=0.1)], True),
     ("higher: relative missed", {"f1": 0.54}, {"f1": 0.5}, [T("f1", direction=HI, relative=0.1)], False),
-    ("higher: absolute ok but relative fails", {"f1": 0.54}, {"f1": 0.5},
-     [T("f1", direction=HI, absolute=0.01, relative=0.1)], False),
-    ("lower: drop required and met", {"eval_loss": 1.9}, {"eval_loss": 2.0},
-     [T("eval_loss", direction=LO, absolute=-0.05)], True),
-    ("lower: drop required, too small", {"eval_loss": 1.98}, {"eval_loss": 2.0},
-     [T("eval_loss", direction=LO, absolute=-0.05)], False),
-    ("lower: rise tolerated", {"eval_loss": 2.01}, {"eval_loss": 2.0},
-     [T("eval_loss", direction=LO, absolute=0.02)], True),
-    ("lower: rise beyond tolerance", {"eval_loss": 2.05}, {"eval_loss": 2.0},
-     [T("eval_loss", direction=LO, absolute=0.02)], False),
-    ("lower: relative drop", {"perplexity": 9.0}, {"perplexity": 10.0},
-     [T("perplexity", direction=LO, relative=-0.1)], True),
-    ("relative vs zero baseline fails", {"exact_match": 0.2}, {"exact_match": 0.0},
-     [T("exact_match", direction=HI, relative=0.1)], False),
-    ("absolute vs zero baseline still works", {"exact_match": 0.2}, {"exact_match": 0.0},
-     [T("exact_match", direction=HI, absolute=0.1)], True),
-    ("champion lacks the metric", {"rouge_l": 0.3}, {"exact_match": 0.0},
-     [T("rouge_l", direction=HI, absolute=0.0)], False),
+    (
+        "higher: absolute ok but relative fails",
+        {"f1": 0.54},
+        {"f1": 0.5},
+        [T("f1", direction=HI, absolute=0.01, relative=0.1)],
+        False,
+    ),
+    (
+        "lower: drop required and met",
+        {"eval_loss": 1.9},
+        {"eval_loss": 2.0},
+        [T("eval_loss", direction=LO, absolute=-0.05)],
+        True,
+    ),
+    (
+        "lower: drop required, too small",
+        {"eval_loss": 1.98},
+        {"eval_loss": 2.0},
+        [T("eval_loss", direction=LO, absolute=-0.05)],
+        False,
+    ),
+    (
+        "lower: rise tolerated",
+        {"eval_loss": 2.01},
+        {"eval_loss": 2.0},
+        [T("eval_loss", direction=LO, absolute=0.02)],
+        True,
+    ),
+    (
+        "lower: rise beyond tolerance",
+        {"eval_loss": 2.05},
+        {"eval_loss": 2.0},
+        [T("eval_loss", direction=LO, absolute=0.02)],
+        False,
+    ),
+    (
+        "lower: relative drop",
+        {"perplexity": 9.0},
+        {"perplexity": 10.0},
+        [T("perplexity", direction=LO, relative=-0.1)],
+        True,
+    ),
+    (
+        "relative vs zero baseline fails",
+        {"exact_match": 0.2},
+        {"exact_match": 0.0},
+        [T("exact_match", direction=HI, relative=0.1)],
+        False,
+    ),
+    (
+        "absolute vs zero baseline still works",
+        {"exact_match": 0.2},
+        {"exact_match": 0.0},
+        [T("exact_match", direction=HI, absolute=0.1)],
+        True,
+    ),
+    (
+        "champion lacks the metric",
+        {"rouge_l": 0.3},
+        {"exact_match": 0.0},
+        [T("rouge_l", direction=HI, absolute=0.0)],
+        False,
+    ),
     ("threshold with nothing set", {"f1": 0.3}, None, [MetricThreshold(metric="f1")], False),
-    ("all must pass", {"exact_match": 0.6, "eval_loss": 2.5}, {"exact_match": 0.5, "eval_loss": 2.0},
-     [T("exact_match", direction=HI, absolute=0.0), T("eval_loss", direction=LO, absolute=0.1)], False),
-    ("all pass", {"exact_match": 0.6, "eval_loss": 1.5}, {"exact_match": 0.5, "eval_loss": 2.0},
-     [T("exact_match", lower=0.2, direction=HI, absolute=0.0), T("eval_loss", direction=LO, absolute=0.1)], True),
+    (
+        "all must pass",
+        {"exact_match": 0.6, "eval_loss": 2.5},
+        {"exact_match": 0.5, "eval_loss": 2.0},
+        [T("exact_match", direction=HI, absolute=0.0), T("eval_loss", direction=LO, absolute=0.1)],
+        False,
+    ),
+    (
+        "all pass",
+        {"exact_match": 0.6, "eval_loss": 1.5},
+        {"exact_match": 0.5, "eval_loss": 2.0},
+        [T("exact_match", lower=0.2, direction=HI, absolute=0.0), T("eval_loss", direction=LO, absolute=0.1)],
+        True,
+    ),
 ]
 
 
@@ -85,9 +170,15 @@ def test_reasons_name_values_and_baseline():
     result = bless(
         {"exact_match": 0.4, "eval_loss": 2.5},
         {"exact_match": 0.5, "eval_loss": 2.0},
-        [MetricThreshold.model_validate(
-            {"metric": "exact_match", "value_threshold": {"lower_bound": 0.3},
-             "change_threshold": {"direction": HI, "absolute": 0.0}})],
+        [
+            MetricThreshold.model_validate(
+                {
+                    "metric": "exact_match",
+                    "value_threshold": {"lower_bound": 0.3},
+                    "change_threshold": {"direction": HI, "absolute": 0.0},
+                }
+            )
+        ],
         baseline_version="7",
     )
     assert not result.blessed
@@ -104,7 +195,9 @@ def test_reasons_name_values_and_baseline():
 def test_no_thresholds_reason_and_missing_metric_reason():
     r = bless({"exact_match": 1.0}, None, [])
     assert not r.blessed and "no thresholds" in r.reasons[0]
-    r = bless({"f1": 1.0}, None, BlessingConfig(thresholds=[{"metric": "exact_match", "value_threshold": {}}]).thresholds)
+    r = bless(
+        {"f1": 1.0}, None, BlessingConfig(thresholds=[{"metric": "exact_match", "value_threshold": {}}]).thresholds
+    )
     assert not r.blessed and "exact_match: missing from the candidate's metrics (candidate has: f1)" in r.reasons[0]
 
 

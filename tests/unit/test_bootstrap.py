@@ -48,7 +48,8 @@ def test_folder_is_a_standard_hf_model_that_generates(built):
     assert model.config.pad_token_id == tokenizer.pad_token_id
     # Generation stops at the end of a chat turn as well as at the end of a text.
     assert set(model.generation_config.eos_token_id) == {
-        tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")
+        tokenizer.eos_token_id,
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
     }
 
     inputs = tokenizer("The for statement", return_tensors="pt")

@@ -10,9 +10,27 @@ from pathlib import Path
 import pytest
 
 TUNELOOP = [str(Path(sys.executable).parent / "tuneloop")]
-VERBS = [[], ["config"], ["bootstrap"], ["prepare"], ["validate"], ["demo"], ["loop"], ["train"], ["package"], ["serve"],
-         ["registry"], ["registry", "history"], ["registry", "rollback"], ["keys"], ["keys", "create"],
-         ["keys", "list"], ["keys", "revoke"], ["filter"], ["filter", "train"]]
+VERBS = [
+    [],
+    ["config"],
+    ["bootstrap"],
+    ["prepare"],
+    ["validate"],
+    ["demo"],
+    ["loop"],
+    ["train"],
+    ["package"],
+    ["serve"],
+    ["registry"],
+    ["registry", "history"],
+    ["registry", "rollback"],
+    ["keys"],
+    ["keys", "create"],
+    ["keys", "list"],
+    ["keys", "revoke"],
+    ["filter"],
+    ["filter", "train"],
+]
 
 
 def run(*args, **kw):
@@ -56,8 +74,10 @@ def test_validate_exits_0_on_the_sample_and_1_naming_poisoned_rows(tmp_path, dem
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "PASSED" in ok.stdout
 
-    rows = [{"prompt": f"Q{i}: say {w}", "completion": f" {w}<|endoftext|>"}
-            for i, w in enumerate(["red", "green", "blue", "cyan", "pink", "gold", "gray", "teal"] * 3)]
+    rows = [
+        {"prompt": f"Q{i}: say {w}", "completion": f" {w}<|endoftext|>"}
+        for i, w in enumerate(["red", "green", "blue", "cyan", "pink", "gold", "gray", "teal"] * 3)
+    ]
     rows[5] = dict(rows[4])  # a duplicate of the row on line 5, at line 6
     rows[9]["completion"] = " mail me at jane.doe@fastmail.com"  # not a reserved example.com address
     bad = tmp_path / "poisoned.jsonl"
@@ -100,7 +120,8 @@ def test_registry_history_and_rollback_verbs(tmp_path):
     assert f"champion is now version {versions[0]}" in out.stdout
     history = json.loads(run("registry", "history", "--json", env=env).stdout)
     assert [(h["action"], h["to_version"], h["reason"]) for h in history] == [
-        ("promote", versions[0], "first"), ("promote", versions[1], "second"),
+        ("promote", versions[0], "first"),
+        ("promote", versions[1], "second"),
         ("rollback", versions[0], "bad answers"),
     ]
     table = run("registry", "history", env=env)
@@ -115,13 +136,15 @@ def test_registry_history_and_rollback_verbs(tmp_path):
 @pytest.mark.slow
 def test_train_with_bad_rows_and_on_bad_rows_fail_is_a_clear_error(tmp_path, demo_base_model):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
-                   '{"messages": [{"role": "robot", "content": "hi"}]}\nnot json\n')
+    bad.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+        '{"messages": [{"role": "robot", "content": "hi"}]}\nnot json\n'
+    )
     env = isolated_env(tmp_path, demo_base_model)
     env["TUNELOOP__DATA__ON_BAD_ROWS"] = "fail"
     out = run("train", "--data", str(bad), env=env)
     assert out.returncode == 1
-    last = out.stderr[out.stderr.rindex("error:"):]
+    last = out.stderr[out.stderr.rindex("error:") :]
     assert "bad.jsonl:2: messages[0]: unknown role 'robot'" in last
     assert "bad.jsonl:3: invalid JSON" in last
     assert "nothing was trained or promoted" in last

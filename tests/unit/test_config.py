@@ -105,8 +105,12 @@ def test_gateway_switches_read_as_written_in_yaml(tmp_path):
     path = tmp_path / "gw.yaml"
     path.write_text("gateway:\n  auth: off\n  pii: {mode: block, outputs: off}\n  filter: {prompts: off}\n")
     cfg = load_config(path, environ={})
-    assert (cfg.gateway.auth, cfg.gateway.pii.mode, cfg.gateway.pii.outputs, cfg.gateway.filter.prompts) == \
-        ("off", "block", "off", "off")
+    assert (cfg.gateway.auth, cfg.gateway.pii.mode, cfg.gateway.pii.outputs, cfg.gateway.filter.prompts) == (
+        "off",
+        "block",
+        "off",
+        "off",
+    )
     path.write_text("gateway:\n  pii: {mode: on}\n")  # `on` is no PII mode: the error names the key
     with pytest.raises(ConfigError, match="gateway.pii.mode"):
         load_config(path, environ={})
@@ -146,8 +150,13 @@ def test_a_shipped_config_reads_nothing_outside_the_clone_and_its_home(config):
         resolved = cfg.resolve(path)
         keys.append(key)
         assert resolved.is_relative_to(REPO_ROOT) or resolved.is_relative_to(cfg.home), f"{config.name}: {key} = {path}"
-        if key.split("[")[0] in {"data.train_path", "gateway.filter_training.train_path", "evaluation.behaviour_suite",
-                                 "evaluation.behaviour_suites", "training.deepspeed_config"}:
+        if key.split("[")[0] in {
+            "data.train_path",
+            "gateway.filter_training.train_path",
+            "evaluation.behaviour_suite",
+            "evaluation.behaviour_suites",
+            "training.deepspeed_config",
+        }:
             assert resolved.exists(), f"{config.name}: {key} = {resolved} does not exist in the clone"
     assert "data.train_path" in keys and "gateway.filter_training.train_path" in keys
     assert "../shared" not in config.read_text()
@@ -159,14 +168,21 @@ def test_no_make_target_reads_beside_the_clone():
 
 
 def test_nested_environment_overrides_and_errors_that_name_the_variable(tmp_path):
-    cfg = load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY__CACHE__ENABLED": "false",
-                                                    "TUNELOOP__GATEWAY__ON_REDIS_ERROR": "closed",
-                                                    "TUNELOOP__GATEWAY__TIERS__FREE__REQUESTS_PER_MINUTE": "7"})
+    cfg = load_config(
+        write(tmp_path, ""),
+        environ={
+            "TUNELOOP__GATEWAY__CACHE__ENABLED": "false",
+            "TUNELOOP__GATEWAY__ON_REDIS_ERROR": "closed",
+            "TUNELOOP__GATEWAY__TIERS__FREE__REQUESTS_PER_MINUTE": "7",
+        },
+    )
     assert cfg.gateway.cache.enabled is False and cfg.gateway.on_redis_error == "closed"
     assert cfg.gateway.tiers["free"].requests_per_minute == 7 and cfg.gateway.tiers["free"].tokens_per_minute == 40_000
     with pytest.raises(ConfigError) as err:  # a key that does not exist: an error, never dropped
         load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY__CACHE__ENABLD": "false"})
-    assert "gateway.cache.enabld: unknown key" in str(err.value) and "TUNELOOP__GATEWAY__CACHE__ENABLD" in str(err.value)
+    assert "gateway.cache.enabld: unknown key" in str(err.value) and "TUNELOOP__GATEWAY__CACHE__ENABLD" in str(
+        err.value
+    )
     with pytest.raises(ConfigError) as err:  # a value the key does not take
         load_config(write(tmp_path, ""), environ={"TUNELOOP__GATEWAY__ON_REDIS_ERROR": "sometimes"})
     assert "gateway.on_redis_error" in str(err.value) and "TUNELOOP__GATEWAY__ON_REDIS_ERROR" in str(err.value)

@@ -32,8 +32,10 @@ def test_holders_never_overlap_and_time_is_counted():
                 time.sleep(hold_s)
                 inside.remove(holder)
 
-    threads = [threading.Thread(target=work, args=("engine", 30, 0.002)),
-               threading.Thread(target=work, args=("filter", 10, 0.005))]
+    threads = [
+        threading.Thread(target=work, args=("engine", 30, 0.002)),
+        threading.Thread(target=work, args=("filter", 10, 0.005)),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -70,4 +72,4 @@ def test_a_waiting_holder_gets_the_next_turn():
     t.join()
     assert waited < 0.05  # one engine turn (10 ms) at most, with room for a busy machine
     i = order.index("filter")
-    assert order[i + 1:i + 2] in (["engine"], [])  # the engine went on right after
+    assert order[i + 1 : i + 2] in (["engine"], [])  # the engine went on right after

@@ -32,12 +32,16 @@ def chat(*turns, **extra):
 
 # ---------------------------------------------------------------------- chat
 
+
 def test_chat_good_file(tmp_path):
-    f = write(tmp_path / "chat.jsonl", jsonl(
-        chat(("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello")),
-        "",  # blank lines are not rows and are not rejects
-        chat(("user", "2+2?"), ("assistant", "4"), ("user", "and 3+3?"), ("assistant", "6"), weight=1),
-    ))
+    f = write(
+        tmp_path / "chat.jsonl",
+        jsonl(
+            chat(("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello")),
+            "",  # blank lines are not rows and are not rejects
+            chat(("user", "2+2?"), ("assistant", "4"), ("user", "and 3+3?"), ("assistant", "6"), weight=1),
+        ),
+    )
     result = load_file(f)
     assert result.format == "chat"
     assert result.rejects == []
@@ -55,8 +59,14 @@ def test_chat_good_file(tmp_path):
 
 
 def test_chat_message_weight_kept_in_extra(tmp_path):
-    row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 0},
-                        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d", "weight": 1}]}
+    row = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b", "weight": 0},
+            {"role": "user", "content": "c"},
+            {"role": "assistant", "content": "d", "weight": 1},
+        ]
+    }
     (ex,) = load_file(write(tmp_path / "w.jsonl", jsonl(row))).examples
     assert all(set(m) == {"role", "content"} for m in ex.messages)
     assert ex.extra["message_fields"] == [{}, {"weight": 0}, {}, {"weight": 1}]
@@ -64,23 +74,26 @@ def test_chat_message_weight_kept_in_extra(tmp_path):
 
 def test_chat_bad_rows_are_rejected_with_line_and_reason(tmp_path):
     good = chat(("user", "q"), ("assistant", "a"))
-    f = write(tmp_path / "bad.jsonl", jsonl(
-        good,                                                               # 1
-        '{"messages": [',                                                   # 2 invalid JSON
-        "[1, 2]",                                                           # 3 not an object
-        {"prompt": "x"},                                                    # 4 missing messages
-        {"messages": []},                                                   # 5 empty list
-        {"messages": "hello"},                                              # 6 wrong type
-        chat(("user", "q"), ("assistant", "   ")),                          # 7 blank content
-        {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]},  # 8
-        chat(("tool", "q"), ("assistant", "a")),                            # 9 unknown role
-        chat(("system", "s"), ("user", "q")),                               # 10 no assistant
-        chat(("user", "q"), ("assistant", "a"), ("user", "again?")),        # 11 ends with user
-        {"messages": [{"content": "q"}, {"role": "assistant", "content": "a"}]},  # 12 no role
-        {"messages": ["q", {"role": "assistant", "content": "a"}]},         # 13 message not object
-        "   ",                                                              # 14 blank: skipped
-        good,                                                               # 15
-    ))
+    f = write(
+        tmp_path / "bad.jsonl",
+        jsonl(
+            good,  # 1
+            '{"messages": [',  # 2 invalid JSON
+            "[1, 2]",  # 3 not an object
+            {"prompt": "x"},  # 4 missing messages
+            {"messages": []},  # 5 empty list
+            {"messages": "hello"},  # 6 wrong type
+            chat(("user", "q"), ("assistant", "   ")),  # 7 blank content
+            {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]},  # 8
+            chat(("tool", "q"), ("assistant", "a")),  # 9 unknown role
+            chat(("system", "s"), ("user", "q")),  # 10 no assistant
+            chat(("user", "q"), ("assistant", "a"), ("user", "again?")),  # 11 ends with user
+            {"messages": [{"content": "q"}, {"role": "assistant", "content": "a"}]},  # 12 no role
+            {"messages": ["q", {"role": "assistant", "content": "a"}]},  # 13 message not object
+            "   ",  # 14 blank: skipped
+            good,  # 15
+        ),
+    )
     result = load_file(f)
     assert result.format == "chat"
     assert [e.source_line for e in result.examples] == [1, 15]
@@ -106,34 +119,47 @@ def test_chat_bad_rows_are_rejected_with_line_and_reason(tmp_path):
 
 # ---------------------------------------------------------------------- legacy
 
+
 def test_legacy_end_marker_is_stripped_never_text(tmp_path):
-    f = write(tmp_path / "legacy.jsonl", jsonl(
-        {"prompt": "Good?\nAnswer:\n", "completion": "Positive<|endoftext|>"},
-        {"prompt": "Good?", "completion": " Negative <|endoftext|>"},
-        {"prompt": "Good?", "completion": " Yes\n<|endoftext|>\n"},
-        {"prompt": "Good?", "completion": " No"},
-        {"prompt": "Say it", "completion": "a <|endoftext|> b"},  # not trailing: it is text
-        {"prompt": "Good?", "completion": "Yes", "id": 7},
-    ))
+    f = write(
+        tmp_path / "legacy.jsonl",
+        jsonl(
+            {"prompt": "Good?\nAnswer:\n", "completion": "Positive<|endoftext|>"},
+            {"prompt": "Good?", "completion": " Negative <|endoftext|>"},
+            {"prompt": "Good?", "completion": " Yes\n<|endoftext|>\n"},
+            {"prompt": "Good?", "completion": " No"},
+            {"prompt": "Say it", "completion": "a <|endoftext|> b"},  # not trailing: it is text
+            {"prompt": "Good?", "completion": "Yes", "id": 7},
+        ),
+    )
     result = load_file(f)
     assert result.format == "legacy" and result.rejects == []
     assert [e.completion for e in result.examples] == [
-        "Positive", " Negative", " Yes", " No", "a <|endoftext|> b", "Yes"]
+        "Positive",
+        " Negative",
+        " Yes",
+        " No",
+        "a <|endoftext|> b",
+        "Yes",
+    ]
     first = result.examples[0]
     assert first.prompt == "Good?\nAnswer:\n" and first.messages is None
     assert result.examples[-1].extra == {"id": 7}
 
 
 def test_legacy_bad_rows(tmp_path):
-    f = write(tmp_path / "legacy.jsonl", jsonl(
-        {"prompt": "p", "completion": "c"},           # 1
-        {"prompt": "p"},                              # 2
-        {"prompt": "", "completion": "c"},            # 3
-        {"prompt": "p", "completion": "<|endoftext|>"},  # 4
-        {"prompt": "p", "completion": 1},             # 5
-        {"prompt": None, "completion": "c"},          # 6
-        "{'prompt': 'p', 'completion': 'c'}",         # 7 Python, not JSON
-    ))
+    f = write(
+        tmp_path / "legacy.jsonl",
+        jsonl(
+            {"prompt": "p", "completion": "c"},  # 1
+            {"prompt": "p"},  # 2
+            {"prompt": "", "completion": "c"},  # 3
+            {"prompt": "p", "completion": "<|endoftext|>"},  # 4
+            {"prompt": "p", "completion": 1},  # 5
+            {"prompt": None, "completion": "c"},  # 6
+            "{'prompt': 'p', 'completion': 'c'}",  # 7 Python, not JSON
+        ),
+    )
     result = load_file(f)
     assert len(result.examples) == 1
     assert problems(result) == [
@@ -179,14 +205,19 @@ def test_alpaca_json_array_pretty_printed(tmp_path):
     result = load_file(f)
     assert result.format == "alpaca" and result.rejects == []
     a, b, c = result.examples
-    assert a.messages == [{"role": "user", "content": "Give the opposite.\n\nhot"},
-                          {"role": "assistant", "content": "cold"}]
+    assert a.messages == [
+        {"role": "user", "content": "Give the opposite.\n\nhot"},
+        {"role": "assistant", "content": "cold"},
+    ]
     assert b.messages[0]["content"] == "Name a colour." and b.completion == "red"
     assert c.messages[0]["content"] == "Add."
     # Arrays: the id counts records ("record N", not a line), source_line is where the record
     # starts in the file.
-    assert [e.example_id for e in result.examples] == ["alpaca.json record 1", "alpaca.json record 2",
-                                                       "alpaca.json record 3"]
+    assert [e.example_id for e in result.examples] == [
+        "alpaca.json record 1",
+        "alpaca.json record 2",
+        "alpaca.json record 3",
+    ]
     assert [e.source_record for e in result.examples] == [1, 2, 3]
     assert [e.source_line for e in result.examples] == [2, 7, 12]
 
@@ -195,8 +226,7 @@ def test_alpaca_minified_array_and_jsonl(tmp_path):
     one_line = load_file(write(tmp_path / "min.json", json.dumps(ALPACA)))
     as_jsonl = load_file(write(tmp_path / "a.jsonl", jsonl(*ALPACA)))
     assert one_line.format == as_jsonl.format == "alpaca"
-    assert [e.example_id for e in one_line.examples] == ["min.json record 1", "min.json record 2",
-                                                         "min.json record 3"]
+    assert [e.example_id for e in one_line.examples] == ["min.json record 1", "min.json record 2", "min.json record 3"]
     assert [e.source_line for e in one_line.examples] == [1, 1, 1]
     assert [e.messages for e in one_line.examples] == [e.messages for e in as_jsonl.examples]
     assert [e.source_line for e in as_jsonl.examples] == [1, 2, 3]
@@ -205,8 +235,13 @@ def test_alpaca_minified_array_and_jsonl(tmp_path):
 
 
 def test_alpaca_bad_records_in_array(tmp_path):
-    rows = [ALPACA[0], {"instruction": "x", "input": 3, "output": "y"}, "text",
-            {"instruction": "x", "input": "", "output": ""}, {"instruction": "x"}]
+    rows = [
+        ALPACA[0],
+        {"instruction": "x", "input": 3, "output": "y"},
+        "text",
+        {"instruction": "x", "input": "", "output": ""},
+        {"instruction": "x"},
+    ]
     f = write(tmp_path / "bad.json", json.dumps(rows, indent=1))
     result = load_file(f)
     assert len(result.examples) == 1
@@ -221,8 +256,9 @@ def test_alpaca_bad_records_in_array(tmp_path):
     assert [r.source_record for r in result.rejects] == [2, 3, 4, 5]
     assert str(result.rejects[0]) == f"{f} record 2: field 'input' must be a string, got number"
     minified = load_file(write(tmp_path / "min.json", json.dumps(rows)))
-    assert [str(r).split(": ", 1)[0] for r in minified.rejects] == [f"{tmp_path / 'min.json'} record {n}"
-                                                                   for n in (2, 3, 4, 5)]
+    assert [str(r).split(": ", 1)[0] for r in minified.rejects] == [
+        f"{tmp_path / 'min.json'} record {n}" for n in (2, 3, 4, 5)
+    ]
     # A reject written to rejects.jsonl keeps its record; one from JSONL is written as before.
     assert minified.rejects[0].to_dict()["source_record"] == 2
     jsonl_reject = load_file(write(tmp_path / "bad.jsonl", jsonl(*rows))).rejects[0]
@@ -241,32 +277,43 @@ def test_broken_json_array_is_a_file_error(tmp_path):
 
 # ---------------------------------------------------------------------- dolly
 
+
 def test_dolly(tmp_path):
-    f = write(tmp_path / "dolly.jsonl", jsonl(
-        {"instruction": "Who wrote it?", "context": "The book was written by a cat.", "response": "A cat.",
-         "category": "closed_qa"},
-        {"instruction": "Name a fruit.", "context": "", "response": "Apple", "category": "brainstorming"},
-        {"instruction": "Name a fruit.", "context": "", "response": ""},
-        {"instruction": "Name a fruit.", "context": ["a"], "response": "Pear"},
-    ))
+    f = write(
+        tmp_path / "dolly.jsonl",
+        jsonl(
+            {
+                "instruction": "Who wrote it?",
+                "context": "The book was written by a cat.",
+                "response": "A cat.",
+                "category": "closed_qa",
+            },
+            {"instruction": "Name a fruit.", "context": "", "response": "Apple", "category": "brainstorming"},
+            {"instruction": "Name a fruit.", "context": "", "response": ""},
+            {"instruction": "Name a fruit.", "context": ["a"], "response": "Pear"},
+        ),
+    )
     result = load_file(f)
     assert result.format == "dolly"
     a, b = result.examples
     assert a.messages[0]["content"] == "Who wrote it?\n\nContext:\nThe book was written by a cat."
     assert a.completion == "A cat." and a.extra == {"category": "closed_qa"}
     assert b.messages[0]["content"] == "Name a fruit."
-    assert problems(result) == [(3, "field 'response' is empty"),
-                                (4, "field 'context' must be a string, got array")]
+    assert problems(result) == [(3, "field 'response' is empty"), (4, "field 'context' must be a string, got array")]
 
 
 # ---------------------------------------------------------------------- detection
 
-@pytest.mark.parametrize("row, fmt", [
-    (chat(("user", "q"), ("assistant", "a")), "chat"),
-    ({"prompt": "p", "completion": "c"}, "legacy"),
-    ({"instruction": "i", "input": "", "output": "o"}, "alpaca"),
-    ({"instruction": "i", "context": "", "response": "r"}, "dolly"),
-])
+
+@pytest.mark.parametrize(
+    "row, fmt",
+    [
+        (chat(("user", "q"), ("assistant", "a")), "chat"),
+        ({"prompt": "p", "completion": "c"}, "legacy"),
+        ({"instruction": "i", "input": "", "output": "o"}, "alpaca"),
+        ({"instruction": "i", "context": "", "response": "r"}, "dolly"),
+    ],
+)
 def test_auto_detection(tmp_path, row, fmt):
     assert load_file(write(tmp_path / "d.jsonl", jsonl(row))).format == fmt
 
@@ -275,18 +322,24 @@ def test_detection_skips_broken_leading_rows(tmp_path):
     f = write(tmp_path / "d.jsonl", jsonl("not json", '"a string"', {"prompt": "p", "completion": "c"}))
     result = load_file(f)
     assert result.format == "legacy"
-    assert problems(result) == [(1, "invalid JSON: Expecting value (column 1)"),
-                                (2, "expected a JSON object, got string")]
+    assert problems(result) == [
+        (1, "invalid JSON: Expecting value (column 1)"),
+        (2, "expected a JSON object, got string"),
+    ]
 
 
 def test_ambiguous_and_unknown_formats_are_clear_errors(tmp_path):
-    mixed = write(tmp_path / "mixed.jsonl", jsonl(chat(("user", "q"), ("assistant", "a")),
-                                                  {"prompt": "p", "completion": "c"}))
+    mixed = write(
+        tmp_path / "mixed.jsonl", jsonl(chat(("user", "q"), ("assistant", "a")), {"prompt": "p", "completion": "c"})
+    )
     with pytest.raises(DataError, match=r"ambiguous format.*chat \(line 1\), legacy \(line 2\)"):
         load_file(mixed)
     both = write(tmp_path / "both.jsonl", jsonl({"messages": [], "prompt": "p", "completion": "c"}))
-    with pytest.raises(DataError, match=r"both.jsonl:1: ambiguous format: keys \['completion', 'messages', "
-                                        r"'prompt'\] fit chat and legacy"):
+    with pytest.raises(
+        DataError,
+        match=r"both.jsonl:1: ambiguous format: keys \['completion', 'messages', "
+        r"'prompt'\] fit chat and legacy",
+    ):
         load_file(both)
     unknown = write(tmp_path / "unknown.jsonl", jsonl({"question": "q", "answer": "a"}))
     with pytest.raises(DataError, match=r"unknown format: keys seen \['answer', 'question'\]"):
@@ -295,8 +348,10 @@ def test_ambiguous_and_unknown_formats_are_clear_errors(tmp_path):
     with pytest.raises(DataError, match="no JSON object rows"):
         load_file(garbage)
     # In a JSON array the same messages name records, not lines.
-    mixed_array = write(tmp_path / "mixed.json", json.dumps([chat(("user", "q"), ("assistant", "a")),
-                                                            {"prompt": "p", "completion": "c"}]))
+    mixed_array = write(
+        tmp_path / "mixed.json",
+        json.dumps([chat(("user", "q"), ("assistant", "a")), {"prompt": "p", "completion": "c"}]),
+    )
     with pytest.raises(DataError, match=r"ambiguous format.*chat \(record 1\), legacy \(record 2\)"):
         load_file(mixed_array)
     both_array = write(tmp_path / "both.json", json.dumps([{"messages": [], "prompt": "p", "completion": "c"}]))
@@ -318,6 +373,7 @@ def test_explicit_format_overrides_detection(tmp_path):
 
 # ---------------------------------------------------------------------- file-level errors
 
+
 def test_file_level_errors(tmp_path):
     with pytest.raises(DataError, match="nope.jsonl: file not found"):
         load_file(tmp_path / "nope.jsonl")
@@ -328,8 +384,12 @@ def test_file_level_errors(tmp_path):
     with pytest.raises(DataError, match="empty file"):
         load_file(write(tmp_path / "blank.jsonl", "\n  \n"))
     with pytest.raises(DataError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9"):
-        load_file(write(tmp_path / "latin1.jsonl", '{"prompt": "a", "completion": "b"}\n{"prompt": "caf\xe9", '
-                        '"completion": "b"}\n'.encode("latin-1")))
+        load_file(
+            write(
+                tmp_path / "latin1.jsonl",
+                '{"prompt": "a", "completion": "b"}\n{"prompt": "caf\xe9", "completion": "b"}\n'.encode("latin-1"),
+            )
+        )
     with pytest.raises(DataError, match="empty JSON array"):
         load_file(write(tmp_path / "none.json", "[ ]"))
 

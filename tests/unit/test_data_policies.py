@@ -26,8 +26,9 @@ def budget(limit: int) -> TokenBudget:
 
 
 def make_cfg(tmp_path: Path, validation: dict | None = None, **sections) -> TuneloopConfig:
-    return TuneloopConfig.model_validate({"paths": {"home": str(tmp_path / "home")},
-                                          "validation": validation or {}, **sections})
+    return TuneloopConfig.model_validate(
+        {"paths": {"home": str(tmp_path / "home")}, "validation": validation or {}, **sections}
+    )
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -56,6 +57,7 @@ def by_name(report):
 
 # ---------------------------------------------------------------------- length: drop
 
+
 def test_overlong_rows_are_dropped_named_and_the_fingerprint_is_the_kept_rows(tmp_path):
     rows = news_rows(50, long_at={3, 17, 40})
     f = write_jsonl(tmp_path / "news.jsonl", rows)
@@ -64,7 +66,10 @@ def test_overlong_rows_are_dropped_named_and_the_fingerprint_is_the_kept_rows(tm
     kept = ds.train + ds.eval
     assert len(kept) == 47 and ds.changed == []
     assert [(r.source_line, r.action, r.policy) for r in ds.rejects] == [
-        (4, "dropped", "overlong"), (18, "dropped", "overlong"), (41, "dropped", "overlong")]
+        (4, "dropped", "overlong"),
+        (18, "dropped", "overlong"),
+        (41, "dropped", "overlong"),
+    ]
     assert [r.example_id for r in ds.rejects] == ["news.jsonl:4", "news.jsonl:18", "news.jsonl:41"]
     assert ds.rejects[0].reason == "over-long: 73 tokens > 40"
     assert str(ds.rejects[0]) == f"{f}:4: over-long: 73 tokens > 40"
@@ -72,11 +77,19 @@ def test_overlong_rows_are_dropped_named_and_the_fingerprint_is_the_kept_rows(tm
     # Written to rejects.jsonl with the row as normalised, and read back as rejects.
     written = [json.loads(line) for line in ds.rejects_path.read_text().splitlines()]
     assert [(w["source_line"], w["policy"], w["example_id"]) for w in written] == [
-        (4, "overlong", "news.jsonl:4"), (18, "overlong", "news.jsonl:18"), (41, "overlong", "news.jsonl:41")]
+        (4, "overlong", "news.jsonl:4"),
+        (18, "overlong", "news.jsonl:18"),
+        (41, "overlong", "news.jsonl:41"),
+    ]
     assert json.loads(written[0]["raw"])["prompt"] == rows[3]["prompt"]
     m = ds.manifest
-    assert m["policies"]["overlong"] == {"policy": "drop", "max_fraction": 0.1, "max_tokens": 40,
-                                         "max_tokens_from": "test", "dropped": 3}
+    assert m["policies"]["overlong"] == {
+        "policy": "drop",
+        "max_fraction": 0.1,
+        "max_tokens": 40,
+        "max_tokens_from": "test",
+        "dropped": 3,
+    }
     assert m["rejects_by_reason"] == {"over-long: N tokens > N (validation.overlong: dropped)": 3}
     assert "rejected 3 x over-long" in ds.summary()
     again = load_prepared(ds.dir)
@@ -103,6 +116,7 @@ def test_without_a_budget_the_length_policy_is_not_applied_and_says_so(tmp_path)
 
 
 # ---------------------------------------------------------------------- length: the gate
+
 
 def test_news_set_with_8_percent_overlong_passes_with_them_dropped_and_reported(tmp_path):
     """The real case: 8% of a news set over the limit used to fail the gate outright."""
@@ -147,15 +161,28 @@ def test_too_many_overlong_rows_fail_the_gate_and_fail_policy_fails_on_any(tmp_p
 
 # ---------------------------------------------------------------------- length: truncate
 
+
 def legacy(prompt: str, completion: str, example_id: str = "t.jsonl:1") -> Example:
-    return Example(example_id=example_id, prompt=prompt, completion=completion, source_file="t.jsonl",
-                   source_line=1, source_format="legacy")
+    return Example(
+        example_id=example_id,
+        prompt=prompt,
+        completion=completion,
+        source_file="t.jsonl",
+        source_line=1,
+        source_format="legacy",
+    )
 
 
 def chat(*turns: tuple[str, str], example_id: str = "c.jsonl:1") -> Example:
     messages = [{"role": r, "content": c} for r, c in turns]
-    return Example(example_id=example_id, completion=messages[-1]["content"], messages=messages,
-                   source_file="c.jsonl", source_line=1, source_format="chat")
+    return Example(
+        example_id=example_id,
+        completion=messages[-1]["content"],
+        messages=messages,
+        source_file="c.jsonl",
+        source_line=1,
+        source_format="chat",
+    )
 
 
 def test_truncate_keeps_the_end_of_the_prompt_and_never_cuts_the_completion():
@@ -172,7 +199,10 @@ def test_truncate_keeps_the_end_of_the_prompt_and_never_cuts_the_completion():
     assert cut.prompt.split()[0].startswith("old")  # starts at a word, not inside one
     assert words(legacy("old0 " + cut.prompt, cut.completion)) > 12  # as much as fits was kept
     assert [(r.action, r.example_id) for r in touched] == [
-        ("truncated", "t.jsonl:1"), ("dropped", "t.jsonl:2"), ("dropped", "t.jsonl:3")]
+        ("truncated", "t.jsonl:1"),
+        ("dropped", "t.jsonl:2"),
+        ("dropped", "t.jsonl:3"),
+    ]
     assert touched[0].reason == "over-long: 38 tokens > 12; prompt cut from the left to 12"
     assert json.loads(touched[0].raw)["prompt"] == ex.prompt  # the original is kept in the rejects file
     assert touched[1].reason == "over-long: 18 tokens > 12; the completion alone is 13 (never cut)"
@@ -186,11 +216,13 @@ def test_truncate_keeps_the_end_of_the_prompt_and_never_cuts_the_completion():
 
 
 def test_truncate_a_chat_drops_the_earliest_turns_keeps_system_and_the_last_question():
-    ex = chat(("system", "You are terse."),
-              ("user", "First question with " + "filler " * 20),
-              ("assistant", "First answer " + "more " * 10),
-              ("user", "Second question, the one to answer now?"),
-              ("assistant", "Yes."))
+    ex = chat(
+        ("system", "You are terse."),
+        ("user", "First question with " + "filler " * 20),
+        ("assistant", "First answer " + "more " * 10),
+        ("user", "Second question, the one to answer now?"),
+        ("assistant", "Yes."),
+    )
     cut = truncate_to_fit(ex, budget(20))
     assert cut is not None and words(cut) <= 20
     assert cut.messages[0] == {"role": "system", "content": "You are terse."}
@@ -206,8 +238,11 @@ def test_truncate_a_chat_drops_the_earliest_turns_keeps_system_and_the_last_ques
     assert roomy.messages[2:] == ex.messages[2:]
 
     # Only the question itself is left to cut: its end stays.
-    one = chat(("system", "Be brief."), ("user", "Background " * 30 + "so what is the capital of France?"),
-               ("assistant", "Paris."))
+    one = chat(
+        ("system", "Be brief."),
+        ("user", "Background " * 30 + "so what is the capital of France?"),
+        ("assistant", "Paris."),
+    )
     short = truncate_to_fit(one, budget(12))
     assert [m["role"] for m in short.messages] == ["system", "user", "assistant"]
     assert short.messages[1]["content"].endswith("so what is the capital of France?") and words(short) <= 12
@@ -225,8 +260,11 @@ def test_truncated_rows_train_with_their_whole_answer_in_a_real_tokenizer(tmp_pa
     docs = ["The quick brown fox jumps over the lazy dog. " * 20, "What is the capital of France? Paris."]
     tok = build_tokenizer(docs, vocab_size=400, model_max_length=512)
     rows = [
-        chat(("system", "Answer briefly."), ("user", "Context: " + "the lazy dog sleeps " * 40 + "Who jumps?"),
-             ("assistant", "The quick brown fox.")),
+        chat(
+            ("system", "Answer briefly."),
+            ("user", "Context: " + "the lazy dog sleeps " * 40 + "Who jumps?"),
+            ("assistant", "The quick brown fox."),
+        ),
         legacy("Story: " + "the fox jumps over the dog " * 40 + "\nWho jumps?", " The fox."),
     ]
     measure = TokenBudget(count=lambda ex: count_tokens(ex, tok), limit=96)
@@ -256,6 +294,7 @@ def test_truncate_through_prepare_dataset_writes_the_change(tmp_path):
 
 # ---------------------------------------------------------------------- token limit
 
+
 def test_the_limit_follows_training_max_length_and_the_context_window(tmp_path):
     cfg = make_cfg(tmp_path)
     assert token_limit(cfg, 512) == (256, "training.max_length (context window 512)")
@@ -281,6 +320,7 @@ def test_token_budget_reads_the_base_models_tokenizer_and_context_window(tmp_pat
 
 # ---------------------------------------------------------------------- personal data
 
+
 def test_pii_rows_are_dropped_by_kind_and_reserved_addresses_kept(tmp_path):
     rows = [chat_row(f"Ask the desk about item {i}.", f"Question {i}?") for i in range(40)]
     rows[5] = chat_row("Write to jane.roe@fastmail.com for help.")
@@ -302,8 +342,10 @@ def test_pii_rows_are_dropped_by_kind_and_reserved_addresses_kept(tmp_path):
 
 def test_alpaca_array_with_synthetic_example_com_addresses_passes_and_names_records(tmp_path):
     """The real case: six synthetic example.com addresses in an Alpaca set failed the whole set."""
-    records = [{"instruction": f"Summarise note {i}.", "input": "", "output": f"Note {i} is about topic {i}."}
-               for i in range(200)]
+    records = [
+        {"instruction": f"Summarise note {i}.", "input": "", "output": f"Note {i} is about topic {i}."}
+        for i in range(200)
+    ]
     for i in (10, 40, 70, 100, 130, 160):
         records[i]["output"] = f"Contact user{i}@example.com for note {i}."
     records[150]["output"] = "Contact jane.roe@fastmail.com about it."
@@ -333,15 +375,19 @@ def test_more_pii_rows_than_the_fraction_fail_the_gate(tmp_path):
     rows[3] = chat_row("Mail me at a.b@fastmail.com")
     rows[30] = chat_row("Card 4111 1111 1111 1111 was charged.")
     cfg = make_cfg(tmp_path)  # 2 of 50 = 4% > 1%
-    report = validate_prepared(cfg, prepare_dataset(cfg, train_path=write_jsonl(tmp_path / "c.jsonl", rows)),
-                               budget=budget(100))
+    report = validate_prepared(
+        cfg, prepare_dataset(cfg, train_path=write_jsonl(tmp_path / "c.jsonl", rows)), budget=budget(100)
+    )
     assert [e.name for e in report.failures] == ["few rows with personal data or secrets"]
     failing = by_name(report)["few rows with personal data or secrets"]
     assert dict(zip(failing.failing_example_ids, failing.failing_values)) == {
-        "c.jsonl:4": "dropped: completion holds email", "c.jsonl:31": "dropped: completion holds card_number"}
+        "c.jsonl:4": "dropped: completion holds email",
+        "c.jsonl:31": "dropped: completion holds card_number",
+    }
     lenient = make_cfg(tmp_path, {"max_pii_fraction": 0.05})
-    assert validate_prepared(lenient, prepare_dataset(lenient, train_path=tmp_path / "c.jsonl"),
-                             budget=budget(100)).success
+    assert validate_prepared(
+        lenient, prepare_dataset(lenient, train_path=tmp_path / "c.jsonl"), budget=budget(100)
+    ).success
 
 
 def test_redact_keeps_the_row_redacted_and_drops_what_it_cannot_redact():
@@ -383,7 +429,8 @@ def test_redact_through_the_gateways_presidio(tmp_path):
     report = validate_prepared(cfg, ds, budget=budget(100))
     assert report.success, report.summary()
     assert by_name(report)["few rows with personal data or secrets"].failing_values == [
-        "redacted: completion holds openai_api_key, email"]
+        "redacted: completion holds openai_api_key, email"
+    ]
 
 
 @pytest.mark.parametrize("policy", ["drop", "redact"])
@@ -397,6 +444,7 @@ def test_secrets_are_never_kept_as_they_were(tmp_path, policy):
     row = next((e for e in ds.train + ds.eval if e.example_id == "s.jsonl:3"), None)
     if policy == "drop":
         assert row is None and [(r.example_id, r.reason) for r in ds.rejects] == [
-            ("s.jsonl:3", "completion holds github_token")]
+            ("s.jsonl:3", "completion holds github_token")
+        ]
     else:
         assert row.completion == "Token: <SECRET_KEY> works." and ds.rejects == []

@@ -38,9 +38,12 @@ def ids(examples) -> list[str]:
 
 # ---------------------------------------------------------------------- bad rows
 
+
 def test_quarantine_keeps_every_bad_row(tmp_path):
-    f = write_jsonl(tmp_path / "t.jsonl", legacy_rows(3) + ["{oops", {"prompt": "p"}, {"prompt": "", "completion": "c"}]
-                    + legacy_rows(2, start=3))
+    f = write_jsonl(
+        tmp_path / "t.jsonl",
+        legacy_rows(3) + ["{oops", {"prompt": "p"}, {"prompt": "", "completion": "c"}] + legacy_rows(2, start=3),
+    )
     ds = prepare_dataset(make_cfg(tmp_path, on_bad_rows="quarantine"), train_path=f)
     assert len(ds.train) + len(ds.eval) == 5
     assert [(r.source_line, r.reason) for r in ds.rejects] == [
@@ -87,6 +90,7 @@ def test_nothing_usable_is_an_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- split
+
 
 def test_split_is_deterministic_disjoint_and_sized(tmp_path):
     f = write_jsonl(tmp_path / "t.jsonl", legacy_rows(200))
@@ -143,13 +147,16 @@ def test_explicit_eval_file(tmp_path):
 
 def test_legacy_and_conversations_do_not_mix(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", legacy_rows(5))
-    ev = write_jsonl(tmp_path / "eval.jsonl", [{"messages": [{"role": "user", "content": "q"},
-                                                             {"role": "assistant", "content": "a"}]}])
+    ev = write_jsonl(
+        tmp_path / "eval.jsonl",
+        [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}],
+    )
     with pytest.raises(DataError, match="cannot mix legacy"):
         prepare_dataset(make_cfg(tmp_path), train_path=train, eval_path=ev)
 
 
 # ---------------------------------------------------------------------- fingerprint and folder
+
 
 def test_fingerprint_stable_and_sensitive(tmp_path):
     rows = legacy_rows(40)
@@ -243,8 +250,9 @@ def test_generated_task_sets_regenerate_byte_identical(tmp_path):
         out = tmp_path / folder
         write(out)
         for name in ("README.md", "train.jsonl"):
-            assert (out / name).read_bytes() == (REPO_ROOT / "data" / folder / name).read_bytes(), \
+            assert (out / name).read_bytes() == (REPO_ROOT / "data" / folder / name).read_bytes(), (
                 f"data/{folder}/{name} differs: rerun its generator"
+            )
 
 
 def test_the_ticket_task_splits_by_ticket_and_its_majority_label_is_far_from_a_pass(tmp_path):

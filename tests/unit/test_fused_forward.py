@@ -31,8 +31,13 @@ ARCHITECTURES = ["llama", "gpt2"]
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("fused")
-    return {arch: {"a": build_tiny_model(root / f"{arch}-a", architecture=arch, seed=0),
-                   "b": build_tiny_model(root / f"{arch}-b", architecture=arch, seed=1)} for arch in ARCHITECTURES}
+    return {
+        arch: {
+            "a": build_tiny_model(root / f"{arch}-a", architecture=arch, seed=0),
+            "b": build_tiny_model(root / f"{arch}-b", architecture=arch, seed=1),
+        }
+        for arch in ARCHITECTURES
+    }
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -75,15 +80,16 @@ def test_fused_weights_are_the_models_own_memory(folders):
     attn = model.model.layers[0].self_attn
     assert attn.q_proj.weight.data_ptr() == fused.layers[0].qkv.weight.data_ptr()
     model.state_dict()["model.layers.0.self_attn.k_proj.weight"].fill_(0.5)
-    assert torch.all(fused.layers[0].qkv.weight[attn.q_proj.weight.shape[0]:][:attn.k_proj.weight.shape[0]] == 0.5)
+    assert torch.all(fused.layers[0].qkv.weight[attn.q_proj.weight.shape[0] :][: attn.k_proj.weight.shape[0]] == 0.5)
 
 
 def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded):
     specs = many_specs(loaded)
     sizes: list[int] = []
     engines: list = []
-    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, burst=8, sizes=sizes, engine_out=engines,
-                        forward="fused")
+    results = run_slots(
+        loaded, specs, num_slots=8, stagger_s=0.3, burst=8, sizes=sizes, engine_out=engines, forward="fused"
+    )
     assert engines[0].forward_name == "fused" and not engines[0].compiled
     assert_greedy_matches(loaded, specs, results)
     assert 4 <= max(sizes) <= 8 and len(set(sizes)) > 3  # requests took turns for 8 slots
@@ -97,11 +103,13 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_running_decodes(loaded):
 
     long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: loaded.context_length - 8]
     short = loaded.tokenizer(PROMPTS[0])["input_ids"]
-    specs = [(short, SamplingParams(100, temperature=0.0, ignore_eos=True)),
-             (long_prompt, SamplingParams(4, temperature=0.0)), (short[:3], SamplingParams(30, temperature=0.0))]
+    specs = [
+        (short, SamplingParams(100, temperature=0.0, ignore_eos=True)),
+        (long_prompt, SamplingParams(4, temperature=0.0)),
+        (short[:3], SamplingParams(30, temperature=0.0)),
+    ]
     sizes: list[int] = []
-    results = run_slots(loaded, specs, num_slots=3, stagger_s=0.05, sizes=sizes, max_prefill_tokens=16,
-                        forward="fused")
+    results = run_slots(loaded, specs, num_slots=3, stagger_s=0.05, sizes=sizes, max_prefill_tokens=16, forward="fused")
     assert_greedy_matches(loaded, specs[1:], results[1:])
     assert len(results[0][0]) == 100
     # 100 + 4 + 30 tokens were picked, one per row and step; the prefill took >= 248 / 16 steps
@@ -166,8 +174,9 @@ def test_transformers_forward_where_the_fused_one_does_not_serve(loaded, tmp_pat
     model.save_pretrained(tmp_path / "other")
     loaded.tokenizer.save_pretrained(tmp_path / "other")
     other = load_model(tmp_path / "other", num_threads=1)
-    assert "activation" in fused_forward.unsupported_reason(other.model) or "hidden_act" in \
-        fused_forward.unsupported_reason(other.model)
+    assert "activation" in fused_forward.unsupported_reason(
+        other.model
+    ) or "hidden_act" in fused_forward.unsupported_reason(other.model)
     engines: list = []
     specs = many_specs(other, n=4)
     assert_greedy_matches(other, specs, run_slots(other, specs, engine_out=engines, forward="fused"))

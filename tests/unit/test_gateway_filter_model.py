@@ -52,15 +52,18 @@ def test_load_labelled_formats_and_label_types(tmp_path):
         assert out["label"].dtype.kind == "i"
 
 
-@pytest.mark.parametrize("frame, message", [
-    (pd.DataFrame({"text": ["a"]}), "missing column"),
-    (pd.DataFrame({"prompt": ["a"], "label": [1]}), "missing column"),
-    (pd.DataFrame({"text": pd.Series([], dtype=str), "label": pd.Series([], dtype=int)}), "no rows"),
-    (pd.DataFrame({"text": ["a", "b"], "label": [0, 2]}), "binary"),
-    (pd.DataFrame({"text": ["a", "b"], "label": ["yes", "no"]}), "0/1"),
-    (pd.DataFrame({"text": ["a", "b"], "label": [0, None]}), "missing label"),
-    (pd.DataFrame({"text": ["a", None], "label": [0, 1]}), "not strings"),
-])
+@pytest.mark.parametrize(
+    "frame, message",
+    [
+        (pd.DataFrame({"text": ["a"]}), "missing column"),
+        (pd.DataFrame({"prompt": ["a"], "label": [1]}), "missing column"),
+        (pd.DataFrame({"text": pd.Series([], dtype=str), "label": pd.Series([], dtype=int)}), "no rows"),
+        (pd.DataFrame({"text": ["a", "b"], "label": [0, 2]}), "binary"),
+        (pd.DataFrame({"text": ["a", "b"], "label": ["yes", "no"]}), "0/1"),
+        (pd.DataFrame({"text": ["a", "b"], "label": [0, None]}), "missing label"),
+        (pd.DataFrame({"text": ["a", None], "label": [0, 1]}), "not strings"),
+    ],
+)
 def test_load_labelled_rejects_bad_input(tmp_path, frame, message):
     path = tmp_path / "bad.parquet"
     frame.to_parquet(path)
@@ -119,8 +122,12 @@ def test_threshold_with_confidence_leaves_a_margin_under_the_target():
     neg = np.random.default_rng(1).random(274)
     assert (neg >= ft._threshold_for_fpr(neg, 0.05, confidence=0.8)).sum() == strict
     with pytest.raises(ValueError, match="fpr_confidence"):
-        ft.train_classifier(pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10}), TARGET_FPR,
-                            0, {"fpr_confidence": 1.5})
+        ft.train_classifier(
+            pd.DataFrame({"text": [f"t{i}" for i in range(20)], "label": [0, 1] * 10}),
+            TARGET_FPR,
+            0,
+            {"fpr_confidence": 1.5},
+        )
 
 
 def test_unknown_method_or_param_is_refused():
@@ -137,8 +144,10 @@ def test_encoder_path_is_the_packaged_model():
 
 
 def test_confusion_matrix_figure_writes_png(tmp_path):
-    out = ft.confusion_matrix_figure({"tp": 30, "fp": 2, "tn": 60, "fn": 5, "recall": 0.857, "fpr": 0.032,
-                                      "threshold": 0.4}, tmp_path / "plots" / "cm.png")
+    out = ft.confusion_matrix_figure(
+        {"tp": 30, "fp": 2, "tn": 60, "fn": 5, "recall": 0.857, "fpr": 0.032, "threshold": 0.4},
+        tmp_path / "plots" / "cm.png",
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -161,9 +170,17 @@ def test_a_head_saved_under_the_old_package_name_loads(tmp_path, monkeypatch):
     dense = np.zeros((len(texts), 2), dtype=np.float32)
     head = ft.fit_head({**ft.DEFAULT_PARAMS, "char_min_df": 1}, texts, dense, labels, 0, use_tfidf=True, screen=True)
     old = tmp_path / "old.joblib"
-    _dump_under(old, {"head": head}, "components.gateway.filter_model",
-                {"components": sys.modules["tuneloop"], "components.gateway": sys.modules["tuneloop.gateway"],
-                 "components.gateway.filter_model": fm}, monkeypatch)
+    _dump_under(
+        old,
+        {"head": head},
+        "components.gateway.filter_model",
+        {
+            "components": sys.modules["tuneloop"],
+            "components.gateway": sys.modules["tuneloop.gateway"],
+            "components.gateway.filter_model": fm,
+        },
+        monkeypatch,
+    )
     assert fm._Head.__module__ == "tuneloop.gateway.filter_model"
     with pytest.raises(ModuleNotFoundError, match="components"):
         joblib.load(old)  # it does name the old package
@@ -179,9 +196,17 @@ def test_a_head_saved_under_the_old_package_name_loads(tmp_path, monkeypatch):
     gone = types.ModuleType("components.gateway.gone")
     gone.Gone = Gone
     Gone.__qualname__ = "Gone"
-    _dump_under(tmp_path / "gone.joblib", {"head": Gone()}, "components.gateway.gone",
-                {"components": sys.modules["tuneloop"], "components.gateway": sys.modules["tuneloop.gateway"],
-                 "components.gateway.gone": gone}, monkeypatch)
+    _dump_under(
+        tmp_path / "gone.joblib",
+        {"head": Gone()},
+        "components.gateway.gone",
+        {
+            "components": sys.modules["tuneloop"],
+            "components.gateway": sys.modules["tuneloop.gateway"],
+            "components.gateway.gone": gone,
+        },
+        monkeypatch,
+    )
     with pytest.raises(ValueError, match="retrain the classifier with `tuneloop filter train`"):
         fm.load_head(tmp_path / "gone.joblib")
     assert not [name for name in sys.modules if name.split(".")[0] == "components"]
@@ -299,8 +324,12 @@ def test_finetune_method_saves_its_encoder(split, tmp_path):
     carries the encoder, and the reloaded classifier scores identically."""
     train, _ = split
     small = pd.concat([train[train.label == 1].head(30), train[train.label == 0].head(30)])
-    clf = ft.train_classifier(small, TARGET_FPR, SEED, {"method": "finetune", "epochs": 1, "finetune_oof_folds": 2,
-                                                        "train_max_seq_length": 64, "segments": False})
+    clf = ft.train_classifier(
+        small,
+        TARGET_FPR,
+        SEED,
+        {"method": "finetune", "epochs": 1, "finetune_oof_folds": 2, "train_max_seq_length": 64, "segments": False},
+    )
     assert clf.method == "finetune" and clf.info["encoder_finetuned"]
     folder = clf.save(tmp_path / "ft")
     assert (folder / "encoder" / "modules.json").exists()
@@ -332,8 +361,8 @@ def test_the_screen_spares_the_encoder_for_what_it_clears(with_encoder, split):
     scores = clf.scores(benign + INJECTIONS)
     assert clf.screened_out - before[0] == int(cleared.sum())
     assert clf.encoded - before[1] == len(benign) - int(cleared.sum()) + len(INJECTIONS)
-    np.testing.assert_allclose(scores[:len(benign)][cleared], first[cleared], rtol=0, atol=1e-5)
-    assert (scores[len(benign):] >= clf.threshold).all()
+    np.testing.assert_allclose(scores[: len(benign)][cleared], first[cleared], rtol=0, atol=1e-5)
+    assert (scores[len(benign) :] >= clf.threshold).all()
 
 
 @needs_data

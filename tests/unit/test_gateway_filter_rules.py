@@ -23,7 +23,9 @@ def rules():
 
 @pytest.mark.parametrize("case", sorted(BYPASSES))
 def test_each_bypass_is_caught_by_the_rules(rules, case):
-    assert rules.match(BYPASSES[case]), f"{case}: {BYPASSES[case]!r} passed the rules; views {screening_views(BYPASSES[case])}"
+    assert rules.match(BYPASSES[case]), (
+        f"{case}: {BYPASSES[case]!r} passed the rules; views {screening_views(BYPASSES[case])}"
+    )
 
 
 @pytest.mark.parametrize("text", BENIGN)

@@ -20,34 +20,52 @@ PII = [
     ("Also first.last+tag@sub.example.org works.", ["first.last+tag@sub.example.org"]),
     ("Call +1 415-555-2671 or (212) 555-0199 after lunch.", ["+1 415-555-2671", "(212) 555-0199"]),
     ("In London ring +44 20 7946 0958, in Berlin +49 30 901820.", ["+44 20 7946 0958", "+49 30 901820"]),
-    ("Paris is +33 1 42 68 53 00 and Mumbai +91 98765 43210, Sao Paulo +55 11 91234-5678.",
-     ["+33 1 42 68 53 00", "+91 98765 43210", "+55 11 91234-5678"]),
+    (
+        "Paris is +33 1 42 68 53 00 and Mumbai +91 98765 43210, Sao Paulo +55 11 91234-5678.",
+        ["+33 1 42 68 53 00", "+91 98765 43210", "+55 11 91234-5678"],
+    ),
     ("The desk phone is 415.555.2671 all week.", ["415.555.2671"]),
     ("Pay with 4111 1111 1111 1111 or 4111-1111-1111-1111 please.", ["4111 1111 1111 1111", "4111-1111-1111-1111"]),
-    ("Backup cards 5555555555554444, 378282246310005 and 6011 0009 9013 9424 expire soon.",
-     ["5555555555554444", "378282246310005", "6011 0009 9013 9424"]),
-    ("Wire it to DE89370400440532013000 or GB82WEST12345698765432 now.",
-     ["DE89370400440532013000", "GB82WEST12345698765432"]),
-    ("Spaced, that is DE89 3704 0044 0532 0130 00 or GB82 WEST 1234 5698 7654 32 again.",
-     ["DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"]),
+    (
+        "Backup cards 5555555555554444, 378282246310005 and 6011 0009 9013 9424 expire soon.",
+        ["5555555555554444", "378282246310005", "6011 0009 9013 9424"],
+    ),
+    (
+        "Wire it to DE89370400440532013000 or GB82WEST12345698765432 now.",
+        ["DE89370400440532013000", "GB82WEST12345698765432"],
+    ),
+    (
+        "Spaced, that is DE89 3704 0044 0532 0130 00 or GB82 WEST 1234 5698 7654 32 again.",
+        ["DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"],
+    ),
     ("The French one FR1420041010050500013M02606 too.", ["FR1420041010050500013M02606"]),
     ("Servers 192.168.1.20 and 10.0.0.1 are up.", ["192.168.1.20", "10.0.0.1"]),
-    ("IPv6 hosts 2001:db8:85a3::8a2e:370:7334, fe80::1 and 2001:0db8:0000:0000:0000:ff00:0042:8329 too.",
-     ["2001:db8:85a3::8a2e:370:7334", "fe80::1", "2001:0db8:0000:0000:0000:ff00:0042:8329"]),
+    (
+        "IPv6 hosts 2001:db8:85a3::8a2e:370:7334, fe80::1 and 2001:0db8:0000:0000:0000:ff00:0042:8329 too.",
+        ["2001:db8:85a3::8a2e:370:7334", "fe80::1", "2001:0db8:0000:0000:0000:ff00:0042:8329"],
+    ),
     ("Her SSN is 856-45-6789 and his is 219-09-9999 or 536 90 4399.", ["856-45-6789", "219-09-9999", "536 90 4399"]),
-    ("Docs live at https://example.com/path?q=1 and www.tuneloop.ai or docs.python.org/3/ for now.",
-     ["https://example.com/path?q=1", "www.tuneloop.ai", "docs.python.org/3/"]),
+    (
+        "Docs live at https://example.com/path?q=1 and www.tuneloop.ai or docs.python.org/3/ for now.",
+        ["https://example.com/path?q=1", "www.tuneloop.ai", "docs.python.org/3/"],
+    ),
     # No spaces between words: the values touch CJK letters.
-    ("请联系张先生，电话+86 138 0013 8000，邮箱zhang@example.cn。卡号是4012888888881881，服务器是172.16.0.5。",
-     ["+86 138 0013 8000", "zhang@example.cn", "4012888888881881", "172.16.0.5"]),
+    (
+        "请联系张先生，电话+86 138 0013 8000，邮箱zhang@example.cn。卡号是4012888888881881，服务器是172.16.0.5。",
+        ["+86 138 0013 8000", "zhang@example.cn", "4012888888881881", "172.16.0.5"],
+    ),
     ("メールはtaro@example.jpです。", ["taro@example.jp"]),
 ]
 
 TL_KEY = "tl-" + secrets.token_hex(8) + "_" + secrets.token_urlsafe(32)
-JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2"
-       "MjM5MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c")
-PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
-       "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK\n-----END RSA PRIVATE KEY-----")
+JWT = (
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2"
+    "MjM5MDIyfQ.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+PEM = (
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
+    "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK\n-----END RSA PRIVATE KEY-----"
+)
 SECRETS = [
     "sk-" + "Ab3dE" * 9 + "xyz",  # legacy OpenAI, 48 after sk-
     "sk-proj-" + "Zq9_x-" * 20,
@@ -70,8 +88,10 @@ SECRET_SENTENCES = [
     (f"Slack bots use {SECRETS[7]} or {SECRETS[8]} here.", SECRETS[7:9]),
     (f"Maps key {SECRETS[9]} and Stripe {SECRETS[11]} leaked.", [SECRETS[9], SECRETS[11]]),
     (f"The session cookie was {JWT} yesterday.", [JWT]),
-    ("curl -H 'Authorization: Bearer Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA' https://api.invalid",
-     ["Bearer Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA"]),
+    (
+        "curl -H 'Authorization: Bearer Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA' https://api.invalid",
+        ["Bearer Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA"],
+    ),
     (f"Here is the key file:\n{PEM}\nkeep it safe.", [PEM]),
 ]
 BENIGN = [
@@ -88,7 +108,7 @@ PLANTED = [v for _, vs in CORPUS for v in vs]
 
 def fragments(value: str, n: int = 8) -> set[str]:
     """The value itself when short, else every n-character substring of it."""
-    return {value} if len(value) <= n else {value[i:i + n] for i in range(len(value) - n + 1)}
+    return {value} if len(value) <= n else {value[i : i + n] for i in range(len(value) - n + 1)}
 
 
 FRAGMENTS = set().union(*(fragments(v) for v in PLANTED))
@@ -179,10 +199,14 @@ def test_benign_text_is_unchanged(redactor):
 
 
 def test_redaction_names_the_entity(redactor):
-    text, found = redactor.redact("Mail john.doe@example.com, call +1 415-555-2671, card 4111 1111 1111 1111, "
-                                  f"key {TL_KEY}, host 10.0.0.1, iban DE89370400440532013000.")
-    assert text == ("Mail <EMAIL_ADDRESS>, call <PHONE_NUMBER>, card <CREDIT_CARD>, key <SECRET_KEY>, "
-                    "host <IP_ADDRESS>, iban <IBAN_CODE>.")
+    text, found = redactor.redact(
+        "Mail john.doe@example.com, call +1 415-555-2671, card 4111 1111 1111 1111, "
+        f"key {TL_KEY}, host 10.0.0.1, iban DE89370400440532013000."
+    )
+    assert text == (
+        "Mail <EMAIL_ADDRESS>, call <PHONE_NUMBER>, card <CREDIT_CARD>, key <SECRET_KEY>, "
+        "host <IP_ADDRESS>, iban <IBAN_CODE>."
+    )
     assert found == ["EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "SECRET_KEY", "IP_ADDRESS", "IBAN_CODE"]
 
 
@@ -234,6 +258,7 @@ def test_slow_analysis_times_out(redactor, monkeypatch):
 
     monkeypatch.setattr(redactor, "config", PiiConfig(timeout_s=0.15))
     monkeypatch.setattr(redactor.analyzer, "analyze", slow)
+
     async def timed():
         t0 = time.monotonic()
         with pytest.raises(PiiError, match="longer than 0.15 s"):
@@ -276,7 +301,7 @@ def _chunks(text, sizes):
     for n in sizes:
         if pos >= len(text):
             return
-        yield text[pos:pos + n]
+        yield text[pos : pos + n]
         pos += n
 
 
@@ -319,7 +344,7 @@ def test_stream_emits_as_it_goes_and_holds_long_words(redactor):
     # A key longer than the hold-back, in pieces: nothing of it comes out until it has ended.
     out = ""
     for i in range(0, len(JWT), 7):
-        out += stream.add(JWT[i:i + 7])
+        out += stream.add(JWT[i : i + 7])
         assert not leaked(out)
     out += stream.add(" and the tail " + words * 3)
     assert leaked(out) == [] and "<SECRET_KEY>" in out
@@ -358,7 +383,7 @@ def test_stream_of_cjk_text_flows(redactor):
     text = "".join(s for s, _ in PII[-2:]) + "我们的模型可以回答关于订单、退货和运输的问题，以上です。" * 4
     stream = redactor.stream()
     outs = [stream.add(ch) for ch in text]
-    assert any(outs[:len(text) // 2])  # no spaces, yet it does not wait for the end
+    assert any(outs[: len(text) // 2])  # no spaces, yet it does not wait for the end
     assert "".join(outs) + stream.flush() == redactor.redact(text)[0]
 
 
@@ -391,7 +416,7 @@ def test_prescreen_does_not_change_results(redactor, monkeypatch):
     texts = [s for s, _ in CORPUS] + BENIGN + [FULL_TEXT]
     for _ in range(250):  # windows of the corpus, as a stream analyses them
         a = rng.randrange(len(FULL_TEXT))
-        texts.append(FULL_TEXT[a:a + rng.randint(1, 160)])
+        texts.append(FULL_TEXT[a : a + rng.randint(1, 160)])
     assert sum(not may_contain_entity(t) for t in texts) > 20  # or the test proves nothing
     screened = [redactor.find(t) for t in texts]
     monkeypatch.setattr(redactor, "prescreen", False)
@@ -412,9 +437,49 @@ def test_prescreen_matches_the_url_patterns_it_was_derived_from(redactor):
         assert len(names) > 100 and all(n[0].isalpha() for n in names), pattern.name
 
 
-NEAR_MISSES = ["dead", "beef", "cafe", "face", "abc", "Ef", ":", "-", ".", " ", "/", "_", "https", "://", "www",
-               "com", "org", "ai", "sk", "tl", "Bearer", "eyJ", "AKIA", "ghp", "xoxb", "BEGIN", "PRIVATE KEY",
-               "-----", "K", "\u017f", "\u212a", "fe", "::", "ff", "'", '"', "\n", "one", "IBAN", "DE", "GB"]
+NEAR_MISSES = [
+    "dead",
+    "beef",
+    "cafe",
+    "face",
+    "abc",
+    "Ef",
+    ":",
+    "-",
+    ".",
+    " ",
+    "/",
+    "_",
+    "https",
+    "://",
+    "www",
+    "com",
+    "org",
+    "ai",
+    "sk",
+    "tl",
+    "Bearer",
+    "eyJ",
+    "AKIA",
+    "ghp",
+    "xoxb",
+    "BEGIN",
+    "PRIVATE KEY",
+    "-----",
+    "K",
+    "\u017f",
+    "\u212a",
+    "fe",
+    "::",
+    "ff",
+    "'",
+    '"',
+    "\n",
+    "one",
+    "IBAN",
+    "DE",
+    "GB",
+]
 
 
 def test_prescreen_is_sound_on_near_misses(unscreened):

@@ -54,7 +54,7 @@ DEFERRED = {
     "vllm": "a separate venv: only the vLLM engine's child has it",
     "gguf": "numpy-heavy, only where a GGUF file is read",
     "bentoml": "BentoML configures logging and prometheus_client's multiprocess mode when the "
-               "worker starts: imported before that, metrics and logs go astray",
+    "worker starts: imported before that, metrics and logs go astray",
     "prometheus_client": "it reads the multiprocess setting (set by BentoML in the worker) when imported",
     "psycopg": "only the remote-state backend",
     "moto": "tests of the S3 backend only",
@@ -145,7 +145,7 @@ def test_function_local_imports_only_defer_heavy_modules():
                 if top in DEFERRED:
                     continue
                 # An import that must wait for its own reason says it on its line (or the line above).
-                said = " ".join(lines[max(node.lineno - 2, 0):node.end_lineno or node.lineno])
+                said = " ".join(lines[max(node.lineno - 2, 0) : node.end_lineno or node.lineno])
                 if "# deferred:" in said:
                     continue
                 if top in PACKAGES and (name in heavy or name.rsplit(".", 1)[0] in heavy):
@@ -164,14 +164,17 @@ def test_no_module_over_600_lines_without_a_stated_reason():
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         if "on purpose" not in doc.lower():
             long.append(f"{path.relative_to(ROOT)}: {lines} lines")
-    assert not long, "modules over 600 lines whose docstring gives no reason ('... on purpose: why'):\n" + \
-        "\n".join(long)
+    assert not long, "modules over 600 lines whose docstring gives no reason ('... on purpose: why'):\n" + "\n".join(
+        long
+    )
 
 
 # ---- docs -------------------------------------------------------------------------------
 
-PATH_RE = re.compile(r"(?<![\w./-])((?:tuneloop|flows|bentos|configs|benchmarks|infra|monitoring|data|docs|tests)"
-                     r"/[\w./-]*\w/?)")
+PATH_RE = re.compile(
+    r"(?<![\w./-])((?:tuneloop|flows|bentos|configs|benchmarks|infra|monitoring|data|docs|tests)"
+    r"/[\w./-]*\w/?)"
+)
 
 
 def _code_paths(text: str) -> set[str]:
@@ -254,14 +257,18 @@ def test_docs_commands_exist(doc):
             args = [w for w in words[1:] if not w.startswith("-")]
             if args and (args[0],) not in verbs:
                 wrong.append(line)
-            elif len(args) > 1 and any(v[0] == args[0] and len(v) == 2 for v in verbs) \
-                    and (args[0], args[1]) not in verbs:
+            elif (
+                len(args) > 1
+                and any(v[0] == args[0] and len(v) == 2 for v in verbs)
+                and (args[0], args[1]) not in verbs
+            ):
                 wrong.append(line)
         elif "-m" in words and words[0].endswith(("python", "python3")):
             module = words[words.index("-m") + 1]
             if module.split(".")[0] in PACKAGES and not (
-                    (ROOT / module.replace(".", "/")).with_suffix(".py").exists()
-                    or (ROOT / module.replace(".", "/") / "__main__.py").exists()):
+                (ROOT / module.replace(".", "/")).with_suffix(".py").exists()
+                or (ROOT / module.replace(".", "/") / "__main__.py").exists()
+            ):
                 wrong.append(line)
         elif words[0].endswith("python") and len(words) > 1 and words[1].endswith(".py"):
             if not (ROOT / words[1]).exists():

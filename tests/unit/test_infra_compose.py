@@ -80,8 +80,17 @@ def test_matches_the_compose_spec_schema(raw):
 
 
 def test_the_stack(compose):
-    assert {"postgres", "minio", "redis", "mlflow", "prefect-server", "prefect-worker", "bento", "prometheus",
-            "grafana"} <= set(compose["services"])
+    assert {
+        "postgres",
+        "minio",
+        "redis",
+        "mlflow",
+        "prefect-server",
+        "prefect-worker",
+        "bento",
+        "prometheus",
+        "grafana",
+    } <= set(compose["services"])
     assert compose["services"]["minio"]["image"].startswith("minio/minio:")
 
 
@@ -107,7 +116,7 @@ def test_depends_on_and_ports(compose):
     host_ports = []
     for name, svc in services.items():
         deps = svc.get("depends_on", {})
-        for dep, how in (deps.items() if isinstance(deps, dict) else ((d, {}) for d in deps)):
+        for dep, how in deps.items() if isinstance(deps, dict) else ((d, {}) for d in deps):
             assert dep in services and dep != name, f"{name} depends on {dep}"
             if how.get("condition") == "service_healthy":
                 assert "healthcheck" in services[dep], f"{name} waits for {dep}'s health, which has no healthcheck"
@@ -170,8 +179,10 @@ def test_mlflow_command(compose):
     assert cmd[:2] == ["mlflow", "server"]
     ctx = server.make_context("server", cmd[2:])
     assert ctx.params["serve_artifacts"] is True
-    assert ctx.params["backend_store_uri"].startswith("postgresql://") and "@postgres:5432/mlflow" in \
-        ctx.params["backend_store_uri"]
+    assert (
+        ctx.params["backend_store_uri"].startswith("postgresql://")
+        and "@postgres:5432/mlflow" in ctx.params["backend_store_uri"]
+    )
     allowed = ctx.params["allowed_hosts"].split(",")
     assert is_allowed_host_header(allowed, "mlflow:5000") and is_allowed_host_header(allowed, "localhost:5000")
     env = service_env(compose["services"]["mlflow"])
@@ -222,4 +233,6 @@ def test_postgres_init_is_the_kubernetes_one(compose):
     assert Path(INFRA / "k8s/base/postgres/create-databases.sql").is_file()
     text = json.dumps(compose["services"])
     for db in re.findall(r"@postgres:5432/(\w+)", text):
-        assert db == "mlflow" or f"CREATE DATABASE {db};" in (INFRA / "k8s/base/postgres/create-databases.sql").read_text()
+        assert (
+            db == "mlflow" or f"CREATE DATABASE {db};" in (INFRA / "k8s/base/postgres/create-databases.sql").read_text()
+        )

@@ -88,14 +88,35 @@ def test_python_renderer_matches_kubectl_kustomize(name):
 
 
 def test_renderer_strategic_merge_follows_kustomize():
-    base = {"spec": {"containers": [
-        {"name": "x", "image": "a", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-         "ports": [{"containerPort": 1}]},
-        {"name": "y", "image": "b"}], "tolerations": [{"key": "a"}], "nodeSelector": {"a": "1", "b": "2"}}}
-    patch = {"spec": {"containers": [{"name": "z", "image": "c"},
-                                     {"name": "x", "env": [{"name": "C", "value": "3"}, {"name": "B", "value": "22"}],
-                                      "ports": [{"containerPort": 2}]}],
-                      "tolerations": [{"key": "b"}], "nodeSelector": {"b": None, "c": "3"}}}
+    base = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "x",
+                    "image": "a",
+                    "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+                    "ports": [{"containerPort": 1}],
+                },
+                {"name": "y", "image": "b"},
+            ],
+            "tolerations": [{"key": "a"}],
+            "nodeSelector": {"a": "1", "b": "2"},
+        }
+    }
+    patch = {
+        "spec": {
+            "containers": [
+                {"name": "z", "image": "c"},
+                {
+                    "name": "x",
+                    "env": [{"name": "C", "value": "3"}, {"name": "B", "value": "22"}],
+                    "ports": [{"containerPort": 2}],
+                },
+            ],
+            "tolerations": [{"key": "b"}],
+            "nodeSelector": {"b": None, "c": "3"},
+        }
+    }
     out = strategic_merge(base, patch)
     # kustomize (kubectl 1.32, kustomize 5.5): the patch's items first, in its order, then the rest.
     assert [c["name"] for c in out["spec"]["containers"]] == ["z", "x", "y"]
@@ -130,9 +151,21 @@ def test_every_manifest_validates(overlay):
     errors = [e for d in docs for e in validate_manifest(d)]
     assert not errors, "\n".join(errors)
     kinds = {d["kind"] for d in docs}
-    assert {"Namespace", "Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "ServiceMonitor",
-            "HorizontalPodAutoscaler", "NetworkPolicy", "ConfigMap", "PersistentVolumeClaim", "Role",
-            "RoleBinding", "ServiceAccount"} <= kinds
+    assert {
+        "Namespace",
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+        "HorizontalPodAutoscaler",
+        "NetworkPolicy",
+        "ConfigMap",
+        "PersistentVolumeClaim",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    } <= kinds
 
 
 def test_validation_catches_typos(overlay):
@@ -376,7 +409,8 @@ def test_postgres_creates_the_databases_the_urls_name(overlay):
     ss = find(docs, "StatefulSet", "postgres")
     pg = containers(ss)[0]
     created = {env_value(pg, "POSTGRES_DB")} | {
-        line.split()[2].rstrip(";") for line in sql.splitlines() if line.upper().startswith("CREATE DATABASE")}
+        line.split()[2].rstrip(";") for line in sql.splitlines() if line.upper().startswith("CREATE DATABASE")
+    }
     import re
 
     used = set()
@@ -414,8 +448,11 @@ def selects(selector, labels) -> bool:
 
 def reachable_from_outside(policies, labels, port) -> bool:
     """Could a pod in another namespace open `port` on a pod with `labels` (NetworkPolicy semantics)?"""
-    selecting = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-                 and selects(p["spec"]["podSelector"], labels)]
+    selecting = [
+        p
+        for p in policies
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"]) and selects(p["spec"]["podSelector"], labels)
+    ]
     if not selecting:
         return True  # no policy isolates the pod
     for policy in selecting:

@@ -76,10 +76,17 @@ def test_every_variable_is_used(template):
 
 
 def test_gpu_limit_is_wired_into_the_job(template):
-    job = render(template, {"name": "training-run", "gpu_limit": 2, "image": "registry.local/tuneloop:1",
-                            "node_selector": {"nvidia.com/gpu.present": "true"},
-                            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                            "env": {"EXTRA": "1"}})
+    job = render(
+        template,
+        {
+            "name": "training-run",
+            "gpu_limit": 2,
+            "image": "registry.local/tuneloop:1",
+            "node_selector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "env": {"EXTRA": "1"},
+        },
+    )
     assert validate_manifest(job) == []
     pod = job["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -120,8 +127,12 @@ def test_flow_run_pods_share_the_training_volume(template, tmp_path):
     home = next(e["value"] for e in pod["containers"][0]["env"] if e["name"] == "TUNELOOP_HOME")
     assert home.startswith(k8s.shared_mount_path + "/")
     docs = render_kustomization(K8S_DIR / "overlays" / "cpu")
-    assert any(d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == k8s.shared_volume_claim
-               and d["spec"]["accessModes"] == ["ReadWriteMany"] for d in docs)
+    assert any(
+        d["kind"] == "PersistentVolumeClaim"
+        and d["metadata"]["name"] == k8s.shared_volume_claim
+        and d["spec"]["accessModes"] == ["ReadWriteMany"]
+        for d in docs
+    )
     sa = template["variables"]["properties"]["service_account_name"]["default"]
     role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == sa)
     assert {"trainer.kubeflow.org", "kubeflow.org"} <= {g for r in role["rules"] for g in r["apiGroups"]}

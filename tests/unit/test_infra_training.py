@@ -37,16 +37,31 @@ from tuneloop.training.launch import TrainingError, TrainSpec, training_command
 
 
 def make_spec(root: str = "/shared/tuneloop", name: str = "cand-0", num_processes: int = 2) -> TrainSpec:
-    return TrainSpec(name=name, base_model=f"{root}/models/tiny-base", train_path=f"{root}/datasets/d/train.jsonl",
-                     eval_path=f"{root}/datasets/d/eval.jsonl", output_dir=f"{root}/runs/r1/{name}",
-                     training={"max_steps": 10}, deepspeed_config=None, num_processes=num_processes)
+    return TrainSpec(
+        name=name,
+        base_model=f"{root}/models/tiny-base",
+        train_path=f"{root}/datasets/d/train.jsonl",
+        eval_path=f"{root}/datasets/d/eval.jsonl",
+        output_dir=f"{root}/runs/r1/{name}",
+        training={"max_steps": 10},
+        deepspeed_config=None,
+        num_processes=num_processes,
+    )
 
 
 SHAPES = [
     dict(api="trainjob", runtime="torch-distributed", nodes=1, gpus_per_node=1),
-    dict(api="trainjob", runtime="torch-distributed", nodes=4, gpus_per_node=8, cpu_per_node="32",
-         memory_per_node="480Gi", timeout_s=7200, service_account="tuneloop-flows",
-         node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+    dict(
+        api="trainjob",
+        runtime="torch-distributed",
+        nodes=4,
+        gpus_per_node=8,
+        cpu_per_node="32",
+        memory_per_node="480Gi",
+        timeout_s=7200,
+        service_account="tuneloop-flows",
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    ),
     dict(api="trainjob", runtime="deepspeed-distributed", nodes=2, gpus_per_node=4),
     dict(api="trainjob", runtime="torch-distributed", nodes=2, gpus_per_node=0),
     dict(api="pytorchjob", nodes=1, gpus_per_node=2),
@@ -54,7 +69,9 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s['api']}-{s.get('runtime', '')}-{s['nodes']}x{s['gpus_per_node']}")
+@pytest.mark.parametrize(
+    "shape", SHAPES, ids=lambda s: f"{s['api']}-{s.get('runtime', '')}-{s['nodes']}x{s['gpus_per_node']}"
+)
 def test_rendered_jobs_validate_against_the_crd_schemas(shape):
     body = render_job(TrainingK8sConfig(compute="kubernetes", **shape), make_spec())
     assert validate_manifest(body) == []
@@ -71,8 +88,9 @@ def test_schemas_catch_mistakes():
     assert validate_manifest(bad)
     bad = json.loads(json.dumps(tj))
     # Trainer v2.3 cannot patch a container's image through runtimePatches
-    bad["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
-        "template"]["spec"]["template"]["spec"]["containers"][0]["image"] = "x"
+    bad["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"][
+        "spec"
+    ]["template"]["spec"]["containers"][0]["image"] = "x"
     assert validate_manifest(bad)
     pj = render_job(TrainingK8sConfig(api="pytorchjob", nodes=2), spec)
     bad = json.loads(json.dumps(pj))
@@ -91,8 +109,11 @@ def test_trainjob_runs_the_training_entry_point():
     cfg = TrainingK8sConfig(api="trainjob", runtime="torch-distributed", nodes=2, gpus_per_node=8)
     body = render_job(cfg, spec, image="registry.local/tuneloop:abc")
     trainer = body["spec"]["trainer"]
-    assert body["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                                          "name": "torch-distributed"}
+    assert body["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 8
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     assert trainer["image"] == "registry.local/tuneloop:abc"
@@ -112,7 +133,9 @@ def test_trainjob_runs_the_training_entry_point():
     cmd = ds["spec"]["trainer"]["command"]
     assert ds["spec"]["runtimeRef"]["name"] == "deepspeed-distributed"
     assert cmd[0] == "mpirun" and cmd[cmd.index("-np") + 1] == "8" and cmd[-4:] == local[-4:]
-    names = [j["name"] for j in ds["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+    names = [
+        j["name"] for j in ds["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    ]
     assert names == ["launcher", "node"]
 
     cpu = render_job(TrainingK8sConfig(api="trainjob", nodes=2, gpus_per_node=0), make_spec(num_processes=3))
@@ -210,7 +233,9 @@ class FakeCluster:
     def list_namespaced_pod(self, namespace, label_selector):
         name = self.created[-1]["metadata"]["name"]
         assert f"={name}" in label_selector
-        pod = SimpleNamespace(metadata=SimpleNamespace(name=f"{name}-node-0-0"), status=SimpleNamespace(phase="Running"))
+        pod = SimpleNamespace(
+            metadata=SimpleNamespace(name=f"{name}-node-0-0"), status=SimpleNamespace(phase="Running")
+        )
         return SimpleNamespace(items=[pod])
 
     def read_namespaced_pod_log(self, name, namespace, container, follow=False, _preload_content=True, tail_lines=None):
@@ -230,10 +255,20 @@ def cond(kind, status="True", reason="", message=""):
 def test_submit_follows_the_job_and_returns_the_model(tmp_path, api):
     spec = make_spec(root=str(tmp_path / "shared" / "tuneloop"))
     done = "Complete" if api == "trainjob" else "Succeeded"
-    cluster = FakeCluster(spec, [[], [cond("Created")], [cond("Created"), cond(done, reason="Done")]],
-                          log="step 1 loss 2.0\nstep 2 loss 1.5\n", result={"eval_loss": 1.5, "loss_history": [[1, 2.0]]})
-    cfg = TrainingK8sConfig(compute="kubernetes", api=api, nodes=2, gpus_per_node=4,
-                            shared_mount_path=str(tmp_path / "shared"), poll_interval_s=0.01)
+    cluster = FakeCluster(
+        spec,
+        [[], [cond("Created")], [cond("Created"), cond(done, reason="Done")]],
+        log="step 1 loss 2.0\nstep 2 loss 1.5\n",
+        result={"eval_loss": 1.5, "loss_history": [[1, 2.0]]},
+    )
+    cfg = TrainingK8sConfig(
+        compute="kubernetes",
+        api=api,
+        nodes=2,
+        gpus_per_node=4,
+        shared_mount_path=str(tmp_path / "shared"),
+        poll_interval_s=0.01,
+    )
     lines: list[str] = []
     result = submit_training(cfg, spec, on_log=lines.append, clients=cluster.clients, sleep=lambda s: None)
     assert result.train_result["eval_loss"] == 1.5 and result.model_dir == spec.model_dir
@@ -245,9 +280,11 @@ def test_submit_follows_the_job_and_returns_the_model(tmp_path, api):
 
 def test_a_failed_job_fails_clearly_and_stays(tmp_path):
     spec = make_spec(root=str(tmp_path / "shared" / "t"))
-    cluster = FakeCluster(spec, [[cond("Created")], [cond("Failed", reason="BackoffLimitExceeded",
-                                                          message="node-0 exited with 1")]],
-                          log="loading\nRuntimeError: CUDA out of memory\n")
+    cluster = FakeCluster(
+        spec,
+        [[cond("Created")], [cond("Failed", reason="BackoffLimitExceeded", message="node-0 exited with 1")]],
+        log="loading\nRuntimeError: CUDA out of memory\n",
+    )
     cfg = TrainingK8sConfig(compute="kubernetes", shared_mount_path=str(tmp_path / "shared"), poll_interval_s=0.01)
     with pytest.raises(TrainingError) as err:
         submit_training(cfg, spec, on_log=lambda line: None, clients=cluster.clients, sleep=lambda s: None)
@@ -258,8 +295,9 @@ def test_a_failed_job_fails_clearly_and_stays(tmp_path):
 
 def test_interrupted_or_late_jobs_are_deleted(tmp_path):
     spec = make_spec(root=str(tmp_path / "shared" / "t"))
-    cfg = TrainingK8sConfig(compute="kubernetes", shared_mount_path=str(tmp_path / "shared"), poll_interval_s=0.01,
-                            timeout_s=10)
+    cfg = TrainingK8sConfig(
+        compute="kubernetes", shared_mount_path=str(tmp_path / "shared"), poll_interval_s=0.01, timeout_s=10
+    )
     cluster = FakeCluster(spec, [[cond("Created")]], log="")
 
     def interrupt(_):
@@ -272,8 +310,9 @@ def test_interrupted_or_late_jobs_are_deleted(tmp_path):
     cluster = FakeCluster(spec, [[cond("Created")]], log="")
     now = iter(range(0, 10_000, 100))
     with pytest.raises(TrainingError, match="did not finish within 10 s"):
-        submit_training(cfg, spec, on_log=lambda line: None, clients=cluster.clients, sleep=lambda s: None,
-                        clock=lambda: next(now))
+        submit_training(
+            cfg, spec, on_log=lambda line: None, clients=cluster.clients, sleep=lambda s: None, clock=lambda: next(now)
+        )
     assert len(cluster.deleted) == 1
 
 
@@ -298,8 +337,10 @@ def test_job_state_reads_conditions():
     kind = KINDS["trainjob"]
     assert job_state({}, kind) == ("running", "")
     assert job_state({"status": {"conditions": [cond("Complete", "False"), cond("Suspended")]}}, kind)[0] == "running"
-    assert job_state({"status": {"conditions": [cond("Failed", reason="DeadlineExceeded")]}}, kind) == \
-        ("failed", "DeadlineExceeded")
+    assert job_state({"status": {"conditions": [cond("Failed", reason="DeadlineExceeded")]}}, kind) == (
+        "failed",
+        "DeadlineExceeded",
+    )
     assert job_state({"status": {"conditions": [cond("Succeeded")]}}, KINDS["pytorchjob"])[0] == "succeeded"
 
 
@@ -323,8 +364,10 @@ def test_the_stand_in_speaks_the_real_clients_api():
         client.CustomObjectsApi: {
             "create_namespaced_custom_object": (["group", "version", "namespace", "plural", "body"], []),
             "get_namespaced_custom_object": (["group", "version", "namespace", "plural", "name"], []),
-            "delete_namespaced_custom_object": (["group", "version", "namespace", "plural", "name"],
-                                                ["propagation_policy"]),
+            "delete_namespaced_custom_object": (
+                ["group", "version", "namespace", "plural", "name"],
+                ["propagation_policy"],
+            ),
         },
         client.CoreV1Api: {
             "list_namespaced_pod": (["namespace"], ["label_selector"]),
@@ -340,4 +383,4 @@ def test_the_stand_in_speaks_the_real_clients_api():
             for kw in keywords + ["_preload_content"] * (method == "read_namespaced_pod_log"):
                 assert f" {kw}:" in doc, (method, kw)
             fake = inspect.signature(getattr(FakeCluster, method)).parameters
-            assert list(fake)[1:len(positional) + 1] == positional and set(keywords) <= set(fake), method
+            assert list(fake)[1 : len(positional) + 1] == positional and set(keywords) <= set(fake), method

@@ -177,8 +177,7 @@ def test_empty_and_short_texts():
 
 def test_one_slot_questions_are_not_near_duplicates():
     # The bundled sample's kind of prompt: one changed word is half of a short text.
-    texts = ["What is 10 + 7?", "What is 10 + 4?", "What day comes after Sunday?",
-             "What day comes after Monday?"]
+    texts = ["What is 10 + 7?", "What is 10 + 4?", "What day comes after Sunday?", "What day comes after Monday?"]
     assert near_duplicate_groups(texts) == [0, 1, 2, 3]
 
 
@@ -225,8 +224,10 @@ def test_shared_template_is_boilerplate_not_content():
     # 60 different questions behind one long instruction: the instruction is in every row,
     # so it is filtered out and the questions are compared on their own words.
     rng = random.Random(4)
-    instruction = ("You are a careful assistant. Read the question below and answer it with a "
-                   "single word, without any explanation, in lower case, and nothing else.")
+    instruction = (
+        "You are a careful assistant. Read the question below and answer it with a "
+        "single word, without any explanation, in lower case, and nothing else."
+    )
     texts = [f"{instruction}\n{words(4, rng)}" for _ in range(60)]
     assert len(set(near_duplicate_groups(texts))) == 60
     # The filter is what keeps them apart: counted as content, the instruction merges them all.
@@ -254,6 +255,7 @@ def test_threshold_must_be_a_fraction():
 
 # --- wired into the split and the gate ------------------------------------------------------
 
+
 @pytest.mark.skipif(not T0_AMAZON.exists(), reason=f"{T0_AMAZON} is absent")
 def test_the_split_keeps_every_template_of_a_review_on_one_side_and_the_gate_sees_a_random_split_leak():
     import random as _random
@@ -269,7 +271,9 @@ def test_the_split_keeps_every_template_of_a_review_on_one_side_and_the_gate_see
     assert leaked_pairs([e.prompt_text for e in train], [e.prompt_text for e in eval_]) == []
     # the prompt-only split (the old behaviour) leaks every eval review through its other templates
     old_train, old_eval = split_examples(rows, 0.1, 42, group_threshold=None)
-    assert len(leaked_pairs([e.prompt_text for e in old_train], [e.prompt_text for e in old_eval])) > 0.9 * len(old_eval)
+    assert len(leaked_pairs([e.prompt_text for e in old_train], [e.prompt_text for e in old_eval])) > 0.9 * len(
+        old_eval
+    )
 
     # the gate's leakage column names the pair for a random split, and nothing for the grouped one
     shuffled = rows[:]

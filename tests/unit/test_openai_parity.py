@@ -73,30 +73,36 @@ def run_api(loaded, test, **engine_kw):
 def test_n_echo_token_prompts_and_max_completion_tokens(loaded):
     async def test(app, server):
         client = sdk(app)
-        r = await client.completions.create(model="tiny", prompt=["Hello world", "The quick"], n=3, max_tokens=6,
-                                            temperature=1.0, seed=11)
+        r = await client.completions.create(
+            model="tiny", prompt=["Hello world", "The quick"], n=3, max_tokens=6, temperature=1.0, seed=11
+        )
         assert [c.index for c in r.choices] == list(range(6))
         tok = loaded.tokenizer
         prompt_tokens = len(tok("Hello world")["input_ids"]) + len(tok("The quick")["input_ids"])
         assert r.usage.prompt_tokens == prompt_tokens  # each prompt once, not once per choice
         assert r.usage.completion_tokens == 36
-        again = await client.completions.create(model="tiny", prompt=["Hello world", "The quick"], n=3, max_tokens=6,
-                                                temperature=1.0, seed=11)
+        again = await client.completions.create(
+            model="tiny", prompt=["Hello world", "The quick"], n=3, max_tokens=6, temperature=1.0, seed=11
+        )
         assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded: reproducible
         assert len({c.text for c in r.choices[:3]}) > 1  # and the n choices of one prompt differ
-        one = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=6, temperature=1.0,
-                                              seed=12)
+        one = await client.completions.create(
+            model="tiny", prompt="Hello world", max_tokens=6, temperature=1.0, seed=12
+        )
         assert one.choices[0].text == r.choices[1].text  # choice j samples with seed + j
 
-        echoed = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=5, temperature=0,
-                                                 echo=True)
+        echoed = await client.completions.create(
+            model="tiny", prompt="Hello world", max_tokens=5, temperature=0, echo=True
+        )
         # (the SDK's completions.create has no max_completion_tokens argument; vLLM and this server take it)
-        plain = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
-                                                extra_body={"max_completion_tokens": 5})
+        plain = await client.completions.create(
+            model="tiny", prompt="Hello world", temperature=0, extra_body={"max_completion_tokens": 5}
+        )
         assert echoed.choices[0].text == "Hello world" + plain.choices[0].text
         assert plain.usage.completion_tokens <= 5
-        stream = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=5, temperature=0,
-                                                 echo=True, stream=True)
+        stream = await client.completions.create(
+            model="tiny", prompt="Hello world", max_tokens=5, temperature=0, echo=True, stream=True
+        )
         assert "".join([c.choices[0].text async for c in stream if c.choices]) == echoed.choices[0].text
 
         ids = tok("Hello world")["input_ids"]
@@ -105,11 +111,18 @@ def test_n_echo_token_prompts_and_max_completion_tokens(loaded):
         batch = await client.completions.create(model="tiny", prompt=[ids, ids[:1]], max_tokens=3, temperature=0)
         assert len(batch.choices) == 2 and batch.usage.prompt_tokens == len(ids) + 1
 
-        chat = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], n=2,
-                                                    temperature=0, max_completion_tokens=4)
+        chat = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], n=2, temperature=0, max_completion_tokens=4
+        )
         assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message == chat.choices[1].message
-        streamed = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
-                                                        n=2, temperature=0, max_completion_tokens=4, stream=True)
+        streamed = await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            n=2,
+            temperature=0,
+            max_completion_tokens=4,
+            stream=True,
+        )
         texts, finishes = {0: "", 1: ""}, {}
         async for c in streamed:
             for choice in c.choices:
@@ -126,12 +139,14 @@ def test_no_max_tokens_means_until_a_stop_token_or_the_window(loaded):
     async def test(app, server):
         client = sdk(app)
         eos = loaded.tokenizer.eos_token_id
-        r = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
-                                            extra_body={"ignore_eos": True})
+        r = await client.completions.create(
+            model="tiny", prompt="Hello world", temperature=0, extra_body={"ignore_eos": True}
+        )
         assert r.choices[0].finish_reason == "length"
         assert r.usage.total_tokens == loaded.context_length  # it filled the window
-        r = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
-                                            logit_bias={str(eos): 100})
+        r = await client.completions.create(
+            model="tiny", prompt="Hello world", temperature=0, logit_bias={str(eos): 100}
+        )
         assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 0
         d = r.usage.model_dump()
         assert d["prompt_tokens_details"]["cached_tokens"] == 0
@@ -148,14 +163,26 @@ def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
         messages = [{"role": "user", "content": "Hi"}]
         base = await client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=6)
         same = await client.chat.completions.create(
-            model="tiny", messages=messages, temperature=0, max_tokens=6, user="u1", metadata={"team": "a"},
-            store=False, service_tier="auto", parallel_tool_calls=False, response_format={"type": "text"},
-            tool_choice="none", extra_body={"modalities": ["text"]})
+            model="tiny",
+            messages=messages,
+            temperature=0,
+            max_tokens=6,
+            user="u1",
+            metadata={"team": "a"},
+            store=False,
+            service_tier="auto",
+            parallel_tool_calls=False,
+            response_format={"type": "text"},
+            tool_choice="none",
+            extra_body={"modalities": ["text"]},
+        )
         assert same.choices[0].message.content == base.choices[0].message.content
         refused = [
             ({"response_format": {"type": "json_object"}}, "response_format"),
-            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-             "response_format"),
+            (
+                {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+                "response_format",
+            ),
             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
             ({"tool_choice": "auto"}, "tool_choice"),
             ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=true
@@ -172,8 +199,12 @@ def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
             with pytest.raises(openai.BadRequestError) as e:
                 await client.chat.completions.create(model="tiny", messages=messages, **extra)
             assert e.value.body["param"] == param, (extra, e.value.body)
-        for extra, param in [({"logprobs": 2, "echo": True}, "echo"), ({"suffix": " end."}, "suffix"),
-                             ({"best_of": 3}, "best_of"), ({"prompt": [[1, 2], [999999]]}, "prompt")]:
+        for extra, param in [
+            ({"logprobs": 2, "echo": True}, "echo"),
+            ({"suffix": " end."}, "suffix"),
+            ({"best_of": 3}, "best_of"),
+            ({"prompt": [[1, 2], [999999]]}, "prompt"),
+        ]:
             with pytest.raises(openai.BadRequestError) as e:
                 await client.completions.create(**{"model": "tiny", "prompt": "Hi", **extra})
             assert e.value.body["param"] == param, (extra, e.value.body)
@@ -186,8 +217,10 @@ def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
 def test_logprobs_are_the_models_own_on_every_engine(loaded):
     import torch
 
-    specs = [_greedy(loaded, "Hello world", max_new_tokens=5, logprobs=3),
-             _greedy(loaded, "The quick brown fox", max_new_tokens=4, logprobs=0, logit_bias=((42, 5.0),))]
+    specs = [
+        _greedy(loaded, "Hello world", max_new_tokens=5, logprobs=3),
+        _greedy(loaded, "The quick brown fox", max_new_tokens=4, logprobs=0, logit_bias=((42, 5.0),)),
+    ]
     streams_by_engine = {}
     for engine in ENGINES:
         captured = []
@@ -216,8 +249,7 @@ def test_logprobs_are_the_models_own_on_every_engine(loaded):
 def test_logprobs_through_the_api(loaded):
     async def test(app, server):
         client = sdk(app)
-        r = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=6, temperature=0,
-                                            logprobs=2)
+        r = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=6, temperature=0, logprobs=2)
         lp = r.choices[0].logprobs
         assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == r.usage.completion_tokens
         assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(len(lp.tokens))]
@@ -225,16 +257,22 @@ def test_logprobs_through_the_api(loaded):
         assert all(v <= 0 for v in lp.token_logprobs)
 
         messages = [{"role": "user", "content": "Hi"}]
-        chat = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0,
-                                                    logprobs=True, top_logprobs=3)
+        chat = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+        )
         content = chat.choices[0].logprobs.content
         assert "".join(c.token for c in content) == chat.choices[0].message.content
         assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob == c.logprob for c in content)
         assert all(bytes(c.bytes).decode() == c.token for c in content)
-        streamed = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5,
-                                                        temperature=0, logprobs=True, top_logprobs=3, stream=True)
-        pieces = [e for c in [c async for c in streamed] if c.choices and c.choices[0].logprobs
-                  for e in c.choices[0].logprobs.content]
+        streamed = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3, stream=True
+        )
+        pieces = [
+            e
+            for c in [c async for c in streamed]
+            if c.choices and c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content
+        ]
         assert [(e.token, round(e.logprob, 5)) for e in pieces] == [(e.token, round(e.logprob, 5)) for e in content]
         plain = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
         assert plain.choices[0].logprobs is None
@@ -251,8 +289,9 @@ def test_requests_are_bounded_by_the_kv_cache_slot_not_the_model_window(loaded):
         with pytest.raises(openai.BadRequestError) as e:
             await client.completions.create(model="tiny", prompt="Hello world", max_tokens=63)
         assert e.value.body["code"] == "context_length_exceeded" and "is 64 tokens" in e.value.body["message"]
-        r = await client.completions.create(model="tiny", prompt="Hello world", temperature=0,
-                                            extra_body={"ignore_eos": True})
+        r = await client.completions.create(
+            model="tiny", prompt="Hello world", temperature=0, extra_body={"ignore_eos": True}
+        )
         assert r.usage.total_tokens == 64 and r.choices[0].finish_reason == "length"  # no max_tokens: the slot
 
     run_api(loaded, test, kv_cache_tokens=512, max_model_len=64)
@@ -279,6 +318,7 @@ def test_responses_validate_against_openais_published_schemas(loaded):
     async def test(app, server):
         checked = 0
         async with raw(app) as http:
+
             async def both(route: str, body: dict, whole: str, chunk: str) -> None:
                 nonlocal checked
                 check(whole, (await http.post(route, json=body)).json())
@@ -288,14 +328,25 @@ def test_responses_validate_against_openais_published_schemas(loaded):
                     checked += 1
 
             for extra in ({}, {"logprobs": 3}, {"echo": True, "n": 2}, {"prompt": ["a", "b"], "stop": ["x"]}):
-                await both("/v1/completions", {"model": "tiny", "prompt": "Hello", "max_tokens": 5, **extra},
-                           "CreateCompletionResponse", "CompletionStreamChunk")
+                await both(
+                    "/v1/completions",
+                    {"model": "tiny", "prompt": "Hello", "max_tokens": 5, **extra},
+                    "CreateCompletionResponse",
+                    "CompletionStreamChunk",
+                )
             messages = [{"role": "user", "content": "Hi"}]
             for extra in ({}, {"logprobs": True, "top_logprobs": 2}, {"n": 2, "temperature": 0.5, "seed": 1}):
-                await both("/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 5, **extra},
-                           "CreateChatCompletionResponse", "CreateChatCompletionStreamResponse")
-            for body in ({"model": "nope", "prompt": "x"}, {"model": "tiny", "prompt": "x", "n": 0},
-                         {"model": "tiny", "prompt": "x", "tools": [{"type": "function"}]}):
+                await both(
+                    "/v1/chat/completions",
+                    {"model": "tiny", "messages": messages, "max_tokens": 5, **extra},
+                    "CreateChatCompletionResponse",
+                    "CreateChatCompletionStreamResponse",
+                )
+            for body in (
+                {"model": "nope", "prompt": "x"},
+                {"model": "tiny", "prompt": "x", "n": 0},
+                {"model": "tiny", "prompt": "x", "tools": [{"type": "function"}]},
+            ):
                 r = await http.post("/v1/completions", json=body)
                 assert r.status_code in (400, 404)
                 check("Error", r.json())

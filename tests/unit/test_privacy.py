@@ -18,16 +18,22 @@ PLANTED = {
     "stripe_key": ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc now"),
     "tuneloop_key": ("tl-0123456789ab_" + "Zx9" * 12, "my key tl-0123456789ab_" + "Zx9" * 12 + " works"),
     "aws_access_key_id": ("AKIAIOSFODNN7EXAMPLE", "the id AKIAIOSFODNN7EXAMPLE is set"),
-    "aws_secret_access_key": ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-                              "and the secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY too"),
+    "aws_secret_access_key": (
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "and the secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY too",
+    ),
     "github_token": ("ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "token ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
     "slack_token": ("xoxb-123456789012-abcdefghij", "slack xoxb-123456789012-abcdefghij bot"),
     "google_api_key": ("AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q", "maps AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q key"),
-    "jwt": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-            "auth eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U ok"),
+    "jwt": (
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "auth eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U ok",
+    ),
     "bearer_token": ("a8f3kD92mZq7Lp0xRt5vWb1n", "Authorization: Bearer a8f3kD92mZq7Lp0xRt5vWb1n"),
-    "private_key": ("MIIEowIBAAKCAQEAx4Z9", "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx4Z9\n"
-                                            "-----END RSA PRIVATE KEY-----"),
+    "private_key": (
+        "MIIEowIBAAKCAQEAx4Z9",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx4Z9\n-----END RSA PRIVATE KEY-----",
+    ),
     "labelled_secret": ("hunter2X9!zz", "db password: hunter2X9!zz please"),
 }
 LABELLED = {  # the same value next to each kind of label a config or a message uses
@@ -49,8 +55,9 @@ def test_the_gate_finds_each_kind(kind):
 
 @pytest.mark.parametrize("label", sorted(LABELLED))
 def test_a_value_next_to_a_label_is_a_secret_and_a_placeholder_is_not(label):
-    assert find_secrets(label + LABELLED[label]) == ["labelled_secret"] or \
-        find_secrets(label + LABELLED[label]) == ["aws_secret_access_key"]
+    assert find_secrets(label + LABELLED[label]) == ["labelled_secret"] or find_secrets(label + LABELLED[label]) == [
+        "aws_secret_access_key"
+    ]
     assert find_secrets(label + "your_secret_here") == []
 
 
@@ -76,7 +83,7 @@ def test_a_stream_never_shows_a_secret_in_parts(redactor):
     value, text = PLANTED["aws_secret_access_key"]
     stream, seen = redactor.stream(8), ""
     for i in range(0, len(text), 3):
-        seen += stream.add(text[i:i + 3])
+        seen += stream.add(text[i : i + 3])
         assert value[:12] not in seen
     seen += stream.flush()
     assert value not in seen and "<SECRET_KEY>" in seen
@@ -90,8 +97,15 @@ def test_the_request_log_never_writes_one(tmp_path, redactor):
     log = RequestLog(sink, flush_interval_s=60, redactor=lambda: InProcessRedactor(redactor))
     texts = [text for _, text in PLANTED.values()] + [k + v for k, v in LABELLED.items()]
     for i, text in enumerate(texts):
-        log.submit({"kind": "request", "request_id": f"req_{i}", "time": "2026-12-06T00:00:00.000Z",
-                    "prompt": [{"role": "user", "content": text}], "completions": [text]})
+        log.submit(
+            {
+                "kind": "request",
+                "request_id": f"req_{i}",
+                "time": "2026-12-06T00:00:00.000Z",
+                "prompt": [{"role": "user", "content": text}],
+                "completions": [text],
+            }
+        )
     log.close()
     written = read_records(None, tmp_path, "requests")
     assert len(written) == len(texts)

@@ -69,9 +69,12 @@ def test_challenger_and_blessing_tags(backend):
     v1 = new_version(backend, reg)
     reg.set_challenger(v1)
     assert reg.challenger().version == v1 and CHALLENGER in reg.challenger().aliases
-    t = MetricThreshold.model_validate({"metric": "exact_match", "change_threshold": {"direction": "higher_is_better",
-                                                                                       "absolute": 0.0}})
-    b = bless({"exact_match": 0.25, "eval_loss": 2.0}, {"exact_match": 0.5, "eval_loss": 2.5}, [t], baseline_version="9")
+    t = MetricThreshold.model_validate(
+        {"metric": "exact_match", "change_threshold": {"direction": "higher_is_better", "absolute": 0.0}}
+    )
+    b = bless(
+        {"exact_match": 0.25, "eval_loss": 2.0}, {"exact_match": 0.5, "eval_loss": 2.5}, [t], baseline_version="9"
+    )
     reg.record_blessing(v1, b)
     tags = reg.version(v1).tags
     assert tags["blessed"] == "false" and tags["blessing.baseline_version"] == "9"
@@ -156,8 +159,10 @@ def test_two_processes_race_one_wins_one_is_refused(backend):
 
     ctx = mp.get_context("spawn")  # fresh interpreters: no sqlite connection shared by fork
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_promote_in_other_process, args=(backend["uri"], name, v, v1, barrier, results))
-             for v in (v2, v3)]
+    procs = [
+        ctx.Process(target=_promote_in_other_process, args=(backend["uri"], name, v, v1, barrier, results))
+        for v in (v2, v3)
+    ]
     for p in procs:
         p.start()
     outcomes = [results.get(timeout=180) for _ in procs]
@@ -173,7 +178,9 @@ def test_two_processes_race_one_wins_one_is_refused(backend):
     assert reg.champion().version == winner and reg.previous().version == v1
     history = reg.history()
     assert [(h.action, h.from_version, h.to_version) for h in history] == [
-        ("promote", None, v1), ("promote", v1, winner)], "exactly one promotion recorded, never doubled"
+        ("promote", None, v1),
+        ("promote", v1, winner),
+    ], "exactly one promotion recorded, never doubled"
 
 
 def test_lock_lives_next_to_the_database(tmp_path):
@@ -188,8 +195,10 @@ def test_lock_lives_next_to_the_database(tmp_path):
 
 def _log_outcomes(backend, name: str) -> list[tuple[str, str]]:
     versions = backend["client"].search_model_versions(f"name = '{name}.promotion-log'")
-    return [(json.loads(mv.tags["tuneloop.request"])["action"], mv.tags.get("outcome"))
-            for mv in sorted(versions, key=lambda mv: int(mv.version))]
+    return [
+        (json.loads(mv.tags["tuneloop.request"])["action"], mv.tags.get("outcome"))
+        for mv in sorted(versions, key=lambda mv: int(mv.version))
+    ]
 
 
 def test_the_log_decides_when_both_promoters_passed_the_precheck(backend, tmp_path):
@@ -207,8 +216,11 @@ def test_the_log_decides_when_both_promoters_passed_the_precheck(backend, tmp_pa
     assert conflict.value.actual == v2
     assert a.champion().version == v2 and a.previous().version == v1
     assert [(h.from_version, h.to_version) for h in a.history()] == [(None, v1), (v1, v2)]
-    assert _log_outcomes(backend, "twomachines") == [("promote", "applied"), ("promote", "applied"),
-                                                     ("promote", "refused")]
+    assert _log_outcomes(backend, "twomachines") == [
+        ("promote", "applied"),
+        ("promote", "applied"),
+        ("promote", "refused"),
+    ]
 
 
 def test_a_late_copy_of_an_older_decision_is_corrected(backend, tmp_path):
@@ -254,8 +266,16 @@ def test_a_registry_from_before_the_log_is_adopted(backend):
     client = backend["client"]
     client.set_registered_model_alias("adopted", CHAMPION, v2)
     client.set_registered_model_alias("adopted", PREVIOUS, v1)
-    old = {"seq": 7, "action": "promote", "to_version": v2, "from_version": v1, "actor": "old", "reason": "x",
-           "at": "2026-01-01T00:00:00+00:00", "extra": {}}
+    old = {
+        "seq": 7,
+        "action": "promote",
+        "to_version": v2,
+        "from_version": v1,
+        "actor": "old",
+        "reason": "x",
+        "at": "2026-01-01T00:00:00+00:00",
+        "extra": {},
+    }
     client.set_registered_model_tag("adopted", "promotion.000007", json.dumps(old))
     with pytest.raises(PromotionConflict):
         reg.promote(v3, expected_champion=v1, reason="stale", actor="t")
@@ -285,8 +305,10 @@ def test_a_copy_written_by_a_concurrent_promoter_first_is_not_an_error(backend, 
             if not clashes:
                 real(*args)  # the other promoter's copy ...
                 clashes.append(args)  # ... and then this one's insert of the same row
-                raise MlflowException("BAD_REQUEST: (psycopg.errors.UniqueViolation) duplicate key value violates "
-                                      "unique constraint", error_code="BAD_REQUEST")
+                raise MlflowException(
+                    "BAD_REQUEST: (psycopg.errors.UniqueViolation) duplicate key value violates unique constraint",
+                    error_code="BAD_REQUEST",
+                )
             return real(*args)
 
         setattr(reg.client, method, clash)

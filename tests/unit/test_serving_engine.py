@@ -30,8 +30,13 @@ def run_continuous(loaded, specs, sizes=None):
     from tuneloop.serving.engine import GenerationStream
 
     async def main():
-        engine = ContinuousEngine(loaded, num_blocks=64, page_size=32, max_batch_tokens=256,
-                                  on_batch=sizes.append if sizes is not None else None)
+        engine = ContinuousEngine(
+            loaded,
+            num_blocks=64,
+            page_size=32,
+            max_batch_tokens=256,
+            on_batch=sizes.append if sizes is not None else None,
+        )
         engine.launch()
         try:
             streams = [GenerationStream(f"c{i}", ids, p) for i, (ids, p) in enumerate(specs)]
@@ -48,8 +53,9 @@ def greedy_specs(loaded):
     from tuneloop.serving.engine import SamplingParams
 
     tok = loaded.tokenizer
-    return [(tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0))
-            for i, p in enumerate(PROMPTS)]
+    return [
+        (tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0)) for i, p in enumerate(PROMPTS)
+    ]
 
 
 @pytest.mark.parametrize("engine", ["adaptive", "continuous"])
@@ -144,8 +150,11 @@ def test_adaptive_splits_batches_that_would_overflow_the_context(loaded):
     long_prompt = (loaded.tokenizer(PROMPTS[2])["input_ids"] * 40)[: ctx - 4]
     short = loaded.tokenizer(PROMPTS[0])["input_ids"]
     sizes: list[int] = []
-    results = run_adaptive(loaded, [(long_prompt, SamplingParams(4, temperature=0.0)),
-                                    (short, SamplingParams(100, temperature=0.0))], sizes)
+    results = run_adaptive(
+        loaded,
+        [(long_prompt, SamplingParams(4, temperature=0.0)), (short, SamplingParams(100, temperature=0.0))],
+        sizes,
+    )
     assert sorted(sizes) == [1, 1]
     assert results[0][0] == reference(loaded, long_prompt, 4)
     assert results[1][0] == reference(loaded, short, 100)
@@ -242,22 +251,30 @@ def test_api_shapes_streaming_and_usage(loaded):
         assert [m.id for m in models.data] == ["tiny:3", "tiny@champion", "tiny"]
         assert {m.root for m in models.data} == {"tiny:3"}
 
-        comp = await client.completions.create(model="tiny", prompt=["Hello world", "x"], max_tokens=5,
-                                               temperature=0)
+        comp = await client.completions.create(model="tiny", prompt=["Hello world", "x"], max_tokens=5, temperature=0)
         assert [c.index for c in comp.choices] == [0, 1]
         assert comp.usage.completion_tokens <= 10 and comp.usage.prompt_tokens == 3
         assert comp.choices[0].finish_reason in ("stop", "length")
 
         chat = await client.chat.completions.create(
-            model="tiny@champion", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+            model="tiny@champion", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+        )
         assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
-        chat_prompt = len(loaded.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True)["input_ids"])
+        chat_prompt = len(
+            loaded.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True
+            )["input_ids"]
+        )
         assert chat.usage.prompt_tokens == chat_prompt
 
         stream = await client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0, stream=True,
-            stream_options={"include_usage": True})
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = [c async for c in stream]
         assert chunks[0].choices[0].delta.role == "assistant"
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
@@ -265,30 +282,39 @@ def test_api_shapes_streaming_and_usage(loaded):
         assert text == chat.choices[0].message.content
 
         # stop strings: the text ends before the first one, finish_reason "stop", same when streamed
-        full = (await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24,
-                                                temperature=0)).choices[0].text
-        stop = full[len(full) // 2: len(full) // 2 + 2]
-        cut = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24, temperature=0,
-                                              stop=[stop, "never-there"])
+        full = (
+            (await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24, temperature=0))
+            .choices[0]
+            .text
+        )
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
+        cut = await client.completions.create(
+            model="tiny", prompt="Hello world", max_tokens=24, temperature=0, stop=[stop, "never-there"]
+        )
         assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"
-        streamed = await client.completions.create(model="tiny", prompt="Hello world", max_tokens=24,
-                                                   temperature=0, stop=stop, stream=True)
+        streamed = await client.completions.create(
+            model="tiny", prompt="Hello world", max_tokens=24, temperature=0, stop=stop, stream=True
+        )
         pieces = [c.choices[0] async for c in streamed]
         assert "".join(p.text for p in pieces) == cut.choices[0].text and pieces[-1].finish_reason == "stop"
 
         async with raw(app) as http:
-            r = await http.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3,
-                                                         "stream": True})
+            r = await http.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 3, "stream": True}
+            )
             assert r.headers["content-type"].startswith("text/event-stream")
             events = [line for line in r.text.split("\n\n") if line]
             assert events[-1] == "data: [DONE]"
             assert all(e.startswith("data: ") for e in events)
 
-        ttft = registry.get_sample_value("tuneloop_time_to_first_token_seconds_count",
-                                         {"model": "tiny:3", "engine": "continuous"})
+        ttft = registry.get_sample_value(
+            "tuneloop_time_to_first_token_seconds_count", {"model": "tiny:3", "engine": "continuous"}
+        )
         assert ttft == 8  # 2 prompts + chat + streamed chat + 3 with stop strings + streamed completion
-        finished = {r: registry.get_sample_value("tuneloop_request_success_total", {"finish_reason": r}) or 0
-                    for r in ("stop", "length")}
+        finished = {
+            r: registry.get_sample_value("tuneloop_request_success_total", {"finish_reason": r}) or 0
+            for r in ("stop", "length")
+        }
         assert finished["stop"] >= 2 and finished["stop"] + finished["length"] == 8
         assert server.admission.in_flight == 0
 
@@ -297,8 +323,14 @@ def test_api_shapes_streaming_and_usage(loaded):
 
 def test_encode_equals_the_tokenizer(loaded):
     """The server's tokenization (the Rust backend's encode) gives the tokenizer's own ids."""
-    for text in ["Hello world", "", " leading and  double  spaces ", "<|im_start|>user\nHi<|im_end|>\n",
-                 "ünïcödé ✓ 汉字 🙂", "<|endoftext|>after a special token"]:
+    for text in [
+        "Hello world",
+        "",
+        " leading and  double  spaces ",
+        "<|im_start|>user\nHi<|im_end|>\n",
+        "ünïcödé ✓ 汉字 🙂",
+        "<|endoftext|>after a special token",
+    ]:
         assert loaded.encode(text) == loaded.tokenizer(text, add_special_tokens=False)["input_ids"], text
 
 
@@ -324,6 +356,7 @@ def test_warm_up_marks_ready_and_freezes_the_heap(loaded):
 def test_stream_writes_events_that_are_ready_together_in_one_send(loaded):
     """Each body send passes every middleware (a span each) and a socket write: the role goes
     with the first content, and the last content, finish, usage and [DONE] go together."""
+
     async def test(app, server, registry):
         sends = []
 
@@ -331,8 +364,16 @@ def test_stream_writes_events_that_are_ready_together_in_one_send(loaded):
             if message["type"] == "http.response.body" and message.get("body"):
                 sends.append(message["body"].decode())
 
-        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
-                           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+        body = json.dumps(
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 12,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
         messages = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def receive():
@@ -340,20 +381,30 @@ def test_stream_writes_events_that_are_ready_together_in_one_send(loaded):
                 return messages.pop(0)
             await asyncio.Event().wait()  # the client stays connected
 
-        scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": "/v1/chat/completions",
-                 "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "", "scheme": "http",
-                 "headers": [(b"content-type", b"application/json")], "client": ("t", 1), "server": ("t", 80)}
+        scope = {
+            "type": "http",
+            "http_version": "1.1",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "root_path": "",
+            "scheme": "http",
+            "headers": [(b"content-type", b"application/json")],
+            "client": ("t", 1),
+            "server": ("t", 80),
+        }
         await app(scope, receive, send)
-        events = [[json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]" for e in s.split("\n\n") if e]
-                  for s in sends]
+        events = [[json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]" for e in s.split("\n\n") if e] for s in sends]
         flat = [e for group in events for e in group]
         assert flat[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert flat[-1] == "[DONE]" and 1 <= flat[-2]["usage"]["completion_tokens"] <= 12
         assert flat[-3]["choices"][0]["finish_reason"] in ("stop", "length")
         # what was ready together went out together
         assert len(events[0]) >= 2  # the role and the first content (or the end)
-        assert [e for e in events[-1] if e == "[DONE]" or not e["choices"] or e["choices"][0]["finish_reason"]] \
-            == flat[-3:]
+        assert [e for e in events[-1] if e == "[DONE]" or not e["choices"] or e["choices"][0]["finish_reason"]] == flat[
+            -3:
+        ]
         assert len(sends) < len(flat)
 
     run_with_engine(loaded, test)
@@ -395,8 +446,9 @@ def test_api_errors_are_openai_shaped(loaded):
                 assert r.status_code == 400, body
                 assert r.json()["error"]["param"] == param
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-            r = await http.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "robot",
-                                                                                             "content": "x"}]})
+            r = await http.post(
+                "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}
+            )
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
             r = await http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
             assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

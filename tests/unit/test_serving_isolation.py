@@ -55,10 +55,12 @@ def test_extreme_sampling_values_sample_sanely():
     from tuneloop.serving.sampling import RowSampler, make_generator, sample_rows
 
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]] * 4)
-    rows = [RowSampler(SamplingParams(1, temperature=1e-40, seed=1)),  # greedy in effect
-            RowSampler(SamplingParams(1, temperature=1e-4, seed=2)),  # divides to huge logits: no inf/NaN
-            RowSampler(SamplingParams(1, temperature=1.0, top_p=1e-300, seed=2**63 - 1)),  # 0.0 in float32
-            RowSampler(SamplingParams(1, temperature=2.0, top_p=1e-300, seed=-(2**63)))]
+    rows = [
+        RowSampler(SamplingParams(1, temperature=1e-40, seed=1)),  # greedy in effect
+        RowSampler(SamplingParams(1, temperature=1e-4, seed=2)),  # divides to huge logits: no inf/NaN
+        RowSampler(SamplingParams(1, temperature=1.0, top_p=1e-300, seed=2**63 - 1)),  # 0.0 in float32
+        RowSampler(SamplingParams(1, temperature=2.0, top_p=1e-300, seed=-(2**63))),
+    ]
     for _ in range(10):
         out = logits.clone()
         assert sample_rows(out, rows) == {}
@@ -74,8 +76,11 @@ def test_a_row_whose_sampling_raises_fails_alone(faulty_seed):
     from tuneloop.serving.sampling import RowSampler, sample_rows
 
     logits = torch.tensor([[0.0, 5.0, 1.0]] * 3)
-    rows = [RowSampler(SamplingParams(1, temperature=1.0, top_p=0.1, seed=1)),
-            RowSampler(SamplingParams(1, temperature=1.0, seed=FAULTY_SEED)), None]
+    rows = [
+        RowSampler(SamplingParams(1, temperature=1.0, top_p=0.1, seed=1)),
+        RowSampler(SamplingParams(1, temperature=1.0, seed=FAULTY_SEED)),
+        None,
+    ]
     out = logits.clone()
     failures = sample_rows(out, rows)
     assert list(failures) == [1] and isinstance(failures[1], Exception)
@@ -164,23 +169,30 @@ def test_api_refuses_malformed_values_and_serves_extreme_ones(loaded):
                 r = await http.post("/v1/completions", json={**base, "seed": -(2**63), "temperature": 1})
                 assert r.status_code == 200
                 refused = [
-                    ({"seed": 2**70}, "seed"), ({"seed": -(2**63) - 1}, "seed"),
-                    ({"stream": "yes"}, "stream"), ({"max_tokens": "6"}, "max_tokens"),
-                    ({"temperature": "0"}, "temperature"), ({"stream": True, "stream_options": {"include_usage": 1}},
-                                                             "stream_options.include_usage"),
+                    ({"seed": 2**70}, "seed"),
+                    ({"seed": -(2**63) - 1}, "seed"),
+                    ({"stream": "yes"}, "stream"),
+                    ({"max_tokens": "6"}, "max_tokens"),
+                    ({"temperature": "0"}, "temperature"),
+                    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
                     ({"n": 1.5}, "n"),
                 ]
                 for extra, param in refused:
                     r = await asyncio.wait_for(http.post("/v1/completions", json={**base, **extra}), 30)
                     assert r.status_code == 400, (extra, r.text)
                     assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
-                for body, param in [(b'{"model": "tiny", "prompt": "a\\ud800b"}', "prompt"),
-                                    (b'{"model": "\\udfff", "prompt": "x"}', "model"),
-                                    (b'{"model": "tiny", "prompt": "x", "stop": ["\\ud83d"]}', "stop")]:
+                for body, param in [
+                    (b'{"model": "tiny", "prompt": "a\\ud800b"}', "prompt"),
+                    (b'{"model": "\\udfff", "prompt": "x"}', "model"),
+                    (b'{"model": "tiny", "prompt": "x", "stop": ["\\ud83d"]}', "stop"),
+                ]:
                     r = await http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
                     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-                r = await http.post("/v1/chat/completions", content=b'{"model": "tiny", "messages": [{"role": "user",'
-                                    b' "content": "\\ud800"}]}', headers={"content-type": "application/json"})
+                r = await http.post(
+                    "/v1/chat/completions",
+                    content=b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}',
+                    headers={"content-type": "application/json"},
+                )
                 assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text
                 # the server is unharmed: the same greedy answer as before
                 again = (await http.post("/v1/completions", json={**base, "temperature": 0})).json()

@@ -36,8 +36,16 @@ def test_greedy_equals_generate_with_joins_leaves_and_a_queue(loaded, decode_att
     specs = many_specs(loaded)
     sizes: list[int] = []
     engines: list = []
-    results = run_slots(loaded, specs, num_slots=8, stagger_s=0.3, burst=8, sizes=sizes, engine_out=engines,
-                        decode_attention=decode_attention)
+    results = run_slots(
+        loaded,
+        specs,
+        num_slots=8,
+        stagger_s=0.3,
+        burst=8,
+        sizes=sizes,
+        engine_out=engines,
+        decode_attention=decode_attention,
+    )
     assert_greedy_matches(loaded, specs, results)
     assert engines[0].kernel is (decode_attention == "kernel")  # the kernel was built and used here
     # The stopped engine gave the shared model its own attention back (the continuous engine needs it).
@@ -51,8 +59,9 @@ def test_all_at_once_in_one_padded_prefill(loaded):
     from tuneloop.serving.engine import SamplingParams
 
     tok = loaded.tokenizer
-    specs = [(tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0))
-             for i, p in enumerate(PROMPTS)]
+    specs = [
+        (tok(p)["input_ids"], SamplingParams(max_new_tokens=6 + 7 * i, temperature=0.0)) for i, p in enumerate(PROMPTS)
+    ]
     sizes: list[int] = []
     assert_greedy_matches(loaded, specs, run_slots(loaded, specs, sizes=sizes))
     assert sizes[0] == len(specs)  # prefilled together, then decoded together
@@ -169,11 +178,14 @@ def test_the_kv_cache_is_sized_by_its_budget(loaded):
         plan_kv_cache(model, ctx, max_slots=4, kv_cache_tokens=32, max_model_len=64)
 
     engines: list = []
-    specs = [(ids[:20], p.__class__(max_new_tokens=min(p.max_new_tokens, 40), temperature=0.0))
-             for ids, p in many_specs(loaded, n=10, seed=5)]
+    specs = [
+        (ids[:20], p.__class__(max_new_tokens=min(p.max_new_tokens, 40), temperature=0.0))
+        for ids, p in many_specs(loaded, n=10, seed=5)
+    ]
     sizes: list[int] = []
-    results = run_slots(loaded, specs, num_slots=8, kv_cache_tokens=256, max_model_len=64, engine_out=engines,
-                        sizes=sizes)
+    results = run_slots(
+        loaded, specs, num_slots=8, kv_cache_tokens=256, max_model_len=64, engine_out=engines, sizes=sizes
+    )
     assert_greedy_matches(loaded, specs, results)
     engine = engines[0]
     assert (engine.num_slots, engine.context_length) == (4, 64)

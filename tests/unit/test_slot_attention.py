@@ -26,9 +26,9 @@ def reference(q, k, v, lo, hi, scale):
     heads, kv_heads = q.shape[1], k.shape[1]
     out = []
     for i in range(q.shape[0]):
-        keys = k[i, :, lo[i]:hi[i] + 1].repeat_interleave(heads // kv_heads, dim=0)
-        values = v[i, :, lo[i]:hi[i] + 1].repeat_interleave(heads // kv_heads, dim=0)
-        out.append(F.scaled_dot_product_attention(q[i:i + 1], keys[None], values[None], scale=scale)[0])
+        keys = k[i, :, lo[i] : hi[i] + 1].repeat_interleave(heads // kv_heads, dim=0)
+        values = v[i, :, lo[i] : hi[i] + 1].repeat_interleave(heads // kv_heads, dim=0)
+        out.append(F.scaled_dot_product_attention(q[i : i + 1], keys[None], values[None], scale=scale)[0])
     return torch.stack(out)
 
 
@@ -41,16 +41,16 @@ def test_equals_sdpa_over_each_rows_own_range(kernel, heads, kv_heads):
     v = torch.randn(slots, kv_heads, max_len, dim, generator=g)
     lo = torch.tensor([0, 3, 0, 17, 95])  # left padding before lo; a row of one position
     hi = torch.tensor([0, 40, 95, 60, 95])
-    got = kernel(q, k[:rows], v[:rows], lo, hi, dim ** -0.5)
-    torch.testing.assert_close(got, reference(q, k, v, lo, hi, dim ** -0.5), rtol=1e-5, atol=1e-5)
+    got = kernel(q, k[:rows], v[:rows], lo, hi, dim**-0.5)
+    torch.testing.assert_close(got, reference(q, k, v, lo, hi, dim**-0.5), rtol=1e-5, atol=1e-5)
     # Slots beyond the rows and positions beyond hi are never read: poisoning them changes nothing.
     k2, v2 = k.clone(), v.clone()
     for i in range(rows):
-        k2[i, :, hi[i] + 1:] = float("nan")
-        k2[i, :, :lo[i]] = float("nan")
-        v2[i, :, hi[i] + 1:] = float("nan")
+        k2[i, :, hi[i] + 1 :] = float("nan")
+        k2[i, :, : lo[i]] = float("nan")
+        v2[i, :, hi[i] + 1 :] = float("nan")
     k2[rows:], v2[rows:] = float("nan"), float("nan")
-    assert torch.equal(kernel(q, k2, v2, lo, hi, dim ** -0.5), got)
+    assert torch.equal(kernel(q, k2, v2, lo, hi, dim**-0.5), got)
 
 
 def test_runs_inside_torch_compile_with_changing_row_counts(kernel):
@@ -60,7 +60,7 @@ def test_runs_inside_torch_compile_with_changing_row_counts(kernel):
 
     @torch.compile(dynamic=True)
     def step(q, lo, hi):
-        return kernel(q * 1.0, k[:q.shape[0]], v[:q.shape[0]], lo, hi, 0.25) + 0.0
+        return kernel(q * 1.0, k[: q.shape[0]], v[: q.shape[0]], lo, hi, 0.25) + 0.0
 
     for n in (3, 5, 8):
         q = torch.randn(n, 2, 1, 16, generator=g)

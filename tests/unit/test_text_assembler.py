@@ -23,7 +23,7 @@ def _groups(ids, rng):
     out, i = [], 0
     while i < len(ids):
         n = rng.randint(1, 5)
-        out.append(ids[i:i + n])
+        out.append(ids[i : i + n])
         i += n
     return out
 
@@ -47,7 +47,7 @@ def _reference(tok, stop, groups):
         text = tok.decode(ids, skip_special_tokens=True)
         hits = [i for i in (text.find(s) for s in stop) if i >= 0]
         if hits:
-            out.append(text[sent:max(min(hits), sent)])
+            out.append(text[sent : max(min(hits), sent)])
             return out + [""], True
         safe = len(text.rstrip("\ufffd"))
         for s in stop:
@@ -55,7 +55,7 @@ def _reference(tok, stop, groups):
                 if text[:safe].endswith(s[:k]):
                     safe -= k
                     break
-        out.append(text[sent:max(safe, sent)])
+        out.append(text[sent : max(safe, sent)])
         sent = max(safe, sent)
     return out + [tok.decode(ids, skip_special_tokens=True)[sent:]], False
 
@@ -67,14 +67,14 @@ def _random_sequences(tok, rng, count):
         kind = rng.choice(["text", "random", "mixed"])
         if kind == "text":
             a = rng.randrange(len(text_ids))
-            ids = text_ids[a:a + rng.randint(1, 80)]
+            ids = text_ids[a : a + rng.randint(1, 80)]
         elif kind == "random":  # any ids, special ones included: split and invalid bytes
             ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 80))]
         else:
             ids = []
             for _ in range(rng.randint(1, 6)):
                 a = rng.randrange(len(text_ids))
-                ids += text_ids[a:a + rng.randint(1, 15)]
+                ids += text_ids[a : a + rng.randint(1, 15)]
                 ids += [rng.randrange(vocab) for _ in range(rng.randint(0, 4))]
         yield ids
 
@@ -107,7 +107,7 @@ def test_matches_the_decode_everything_reference_with_stop_strings(tok):
         for _ in range(rng.randint(1, 4)):  # stops taken from the text (so they hit), or not
             if full and rng.random() < 0.7:
                 a = rng.randrange(len(full))
-                stop.append(full[a:a + rng.randint(1, 6)].replace("\ufffd", ""))
+                stop.append(full[a : a + rng.randint(1, 6)].replace("\ufffd", ""))
             else:
                 stop.append(rng.choice(["zz#", "\n\n", "日本", "é ", "🙂"]))
         groups = [[i] for i in ids] if rng.random() < 0.5 else _groups(ids, rng)
@@ -119,7 +119,7 @@ def test_matches_the_decode_everything_reference_with_stop_strings(tok):
         text = "".join(deltas)
         assert not any(s in text for s in stop if s)
         if stopped:
-            assert full.startswith(text) and any(full[len(text):].startswith(s) for s in stop)
+            assert full.startswith(text) and any(full[len(text) :].startswith(s) for s in stop)
 
 
 def test_stop_string_split_across_tokens(tok):

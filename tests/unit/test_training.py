@@ -31,10 +31,16 @@ def write_config(tmp_path: Path, training: dict) -> Path:
 
 
 def test_candidates_expand_to_one_spec_each(tmp_path, dataset_dir):
-    cfg = load_config(write_config(tmp_path, {
-        "learning_rate": 1e-3,
-        "candidates": [{"learning_rate": 3e-3}, {"method": "lora", "lora": {"r": 4}, "num_processes": 1}],
-    }), environ={})
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {
+                "learning_rate": 1e-3,
+                "candidates": [{"learning_rate": 3e-3}, {"method": "lora", "lora": {"r": 4}, "num_processes": 1}],
+            },
+        ),
+        environ={},
+    )
     specs = candidate_specs(cfg, dataset_dir, tmp_path / "runs")
 
     assert [s.name for s in specs] == ["cand-0", "cand-1"]
@@ -60,11 +66,14 @@ def test_no_candidates_is_one_candidate(tmp_path, dataset_dir):
     assert spec.name == "cand-0" and spec.config.max_steps == 7 and spec.overrides == {}
 
 
-@pytest.mark.parametrize("bad, key", [
-    ({"learning_rte": 1e-3}, "learning_rte"),
-    ({"lora": {"rank": 4}}, "lora.rank"),
-    ({"max_steps": 0}, "max_steps"),
-])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"learning_rte": 1e-3}, "learning_rte"),
+        ({"lora": {"rank": 4}}, "lora.rank"),
+        ({"max_steps": 0}, "max_steps"),
+    ],
+)
 def test_bad_candidate_override_is_a_config_error(tmp_path, dataset_dir, bad, key):
     cfg = load_config(write_config(tmp_path, {"candidates": [{"learning_rate": 1e-3}, bad]}), environ={})
     with pytest.raises(ConfigError) as err:
@@ -75,27 +84,43 @@ def test_bad_candidate_override_is_a_config_error(tmp_path, dataset_dir, bad, ke
 def test_a_run_from_the_champion_takes_the_continued_schedule(tmp_path, dataset_dir):
     """training.continued applies only when the weights start from the champion, under each
     candidate's own overrides; a run from the base keeps the section's schedule."""
-    cfg = load_config(write_config(tmp_path, {
-        "max_steps": 150, "learning_rate": 1e-3, "method": "lora", "lora": {"r": 16, "alpha": 32},
-        "continued": {"max_steps": 40, "learning_rate": 2e-4, "lora": {"r": 8}},
-        "candidates": [{}, {"learning_rate": 5e-4}],
-    }), environ={})
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {
+                "max_steps": 150,
+                "learning_rate": 1e-3,
+                "method": "lora",
+                "lora": {"r": 16, "alpha": 32},
+                "continued": {"max_steps": 40, "learning_rate": 2e-4, "lora": {"r": 8}},
+                "candidates": [{}, {"learning_rate": 5e-4}],
+            },
+        ),
+        environ={},
+    )
     fresh = candidate_specs(cfg, dataset_dir, tmp_path / "runs")
     assert [(s.config.max_steps, s.config.learning_rate, s.config.lora.r) for s in fresh] == [
-        (150, 1e-3, 16), (150, 5e-4, 16)]
+        (150, 1e-3, 16),
+        (150, 5e-4, 16),
+    ]
     champion = tmp_path / "champion"
     continued = candidate_specs(cfg, dataset_dir, tmp_path / "runs", start_from=str(champion))
     assert [(s.config.max_steps, s.config.learning_rate, s.config.lora.r) for s in continued] == [
-        (40, 2e-4, 8), (40, 5e-4, 8)]
+        (40, 2e-4, 8),
+        (40, 5e-4, 8),
+    ]
     assert all(s.base_model == str(champion) and "continued" not in s.training for s in continued)
     assert continued[0].config.lora.alpha == 32  # nested merge keeps the rest of lora
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"max_stepz": 40}, "unknown training keys"),
-    ({"max_steps": 0}, "max_steps"),
-    ({"init_from": "base"}, "may not set"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"max_stepz": 40}, "unknown training keys"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"init_from": "base"}, "may not set"),
+    ],
+)
 def test_a_bad_continued_schedule_fails_when_the_config_loads(tmp_path, bad, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write_config(tmp_path, {"continued": bad}), environ={})
@@ -108,8 +133,10 @@ def test_a_bad_continued_schedule_fails_when_the_config_loads(tmp_path, bad, mes
 def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_path, dataset_dir):
     from tuneloop.training.recipe import auto_recipe
 
-    cfg = load_config(write_config(tmp_path, {"recipe": "auto", "method": "lora", "num_processes": 2,
-                                              "per_device_batch_size": 4}), environ={})
+    cfg = load_config(
+        write_config(tmp_path, {"recipe": "auto", "method": "lora", "num_processes": 2, "per_device_batch_size": 4}),
+        environ={},
+    )
     chosen, candidates, notes = auto_recipe(cfg.training, 368, "no-such-model")
     assert chosen["max_steps"] == 138  # 3 epochs of 368 rows at 8 rows a step
     assert chosen["save_steps"] == 18 and chosen["early_stopping"] == {"patience": 3, "keep_best": True}
@@ -119,9 +146,19 @@ def test_auto_recipe_sizes_the_run_from_the_data_and_explicit_values_win(tmp_pat
     assert auto_recipe(cfg.training, 10, "x")[0]["max_steps"] == 13
     assert auto_recipe(cfg.training, 100_000, "x")[0]["max_steps"] == 400
 
-    cfg = load_config(write_config(tmp_path, {"recipe": "auto", "method": "lora", "max_steps": 40,
-                                              "lora": {"target_modules": ["q_proj"]}, "recipe_search": 3}),
-                      environ={"TUNELOOP__TRAINING__LEARNING_RATE": "0.0002"})
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {
+                "recipe": "auto",
+                "method": "lora",
+                "max_steps": 40,
+                "lora": {"target_modules": ["q_proj"]},
+                "recipe_search": 3,
+            },
+        ),
+        environ={"TUNELOOP__TRAINING__LEARNING_RATE": "0.0002"},
+    )
     chosen, candidates, notes = auto_recipe(cfg.training, 368, "x")
     assert "max_steps" not in chosen and "learning_rate" not in chosen and "target_modules" not in chosen["lora"]
     assert chosen["save_steps"] == 5  # sized from the explicit 40 steps

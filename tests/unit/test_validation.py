@@ -17,13 +17,19 @@ FRUITS = ["apple", "pear", "plum", "fig", "kiwi", "lime", "date", "peach", "grap
 def clean_sets(n_train: int = 40, n_eval: int = 10) -> tuple[list[Example], list[Example]]:
     """Free-text Q&A, every prompt distinct, no secrets: should pass everything."""
     train = [
-        chat(f"train.jsonl:{i + 1}", f"What colour is a {FRUITS[i % 10]} number {i}?",
-             f"A ripe {FRUITS[i % 10]} number {i} is usually colourful.")
+        chat(
+            f"train.jsonl:{i + 1}",
+            f"What colour is a {FRUITS[i % 10]} number {i}?",
+            f"A ripe {FRUITS[i % 10]} number {i} is usually colourful.",
+        )
         for i in range(n_train)
     ]
     eval_ = [
-        chat(f"eval.jsonl:{i + 1}", f"How heavy is a {FRUITS[i % 10]} sample {i}?",
-             f"The {FRUITS[i % 10]} sample {i} weighs about {100 + i} grams.")
+        chat(
+            f"eval.jsonl:{i + 1}",
+            f"How heavy is a {FRUITS[i % 10]} sample {i}?",
+            f"The {FRUITS[i % 10]} sample {i} weighs about {100 + i} grams.",
+        )
         for i in range(n_eval)
     ]
     return train, eval_
@@ -49,9 +55,14 @@ def test_clean_set_passes_and_writes_data_docs(tmp_path):
     assert report.data_docs_path.is_file()
     assert list(docs.glob("validations/**/*.html")), "the validation result page was not written"
     names = set(by_name(report))
-    assert {"completion is not empty", "no duplicate examples", "eval prompts not seen in train",
-            "completion has no secrets", "completion has no personal data",
-            "example length in tokens"} <= names
+    assert {
+        "completion is not empty",
+        "no duplicate examples",
+        "eval prompts not seen in train",
+        "completion has no secrets",
+        "completion has no personal data",
+        "example length in tokens",
+    } <= names
     # Free text: the label-balance check does not run, and the report says why.
     assert "labels are balanced" not in names
     assert "free text" in report.skipped["labels are balanced"]
@@ -64,8 +75,11 @@ def test_poisoned_set_names_exactly_the_poisoned_ids(tmp_path):
     poisoned_train = [
         # exact copy of train.jsonl:1 under another id
         chat("dup.jsonl:1", train[0].messages[0]["content"], train[0].completion),
-        chat("secret.jsonl:1", "How do I call the API?",
-             "Use client = OpenAI(api_key='sk-proj-Q2xk9Vb7LmN3pRt5WyZa8cDe') and go."),
+        chat(
+            "secret.jsonl:1",
+            "How do I call the API?",
+            "Use client = OpenAI(api_key='sk-proj-Q2xk9Vb7LmN3pRt5WyZa8cDe') and go.",
+        ),
         # Not a reserved example.org address: those are documentation, not personal data.
         chat("email.jsonl:1", "Who do I contact?", "Write to jane.roe@fastmail.com for help."),
         chat("card.jsonl:1", "Which card was charged?", "The card 4111 1111 1111 1111 was charged."),
@@ -88,8 +102,12 @@ def test_poisoned_set_names_exactly_the_poisoned_ids(tmp_path):
     # What was wrong travels with the id (and never the secret itself).
     assert checks["no duplicate examples"].failing_values == ["duplicate of train.jsonl:1"]
     assert checks["completion has no secrets"].failing_values == ["openai_api_key"]
-    pii = dict(zip(checks["completion has no personal data"].failing_example_ids,
-                   checks["completion has no personal data"].failing_values))
+    pii = dict(
+        zip(
+            checks["completion has no personal data"].failing_example_ids,
+            checks["completion has no personal data"].failing_values,
+        )
+    )
     assert pii == {"email.jsonl:1": "email", "card.jsonl:1": "card_number"}
     assert checks["completion length in characters"].failing_values == [4500]
     assert checks["eval prompts not seen in train"].checked_count == len(eval_) + 1
@@ -140,8 +158,10 @@ def test_label_imbalance_names_the_rare_label_rows(tmp_path):
     # 30 Positive, 28 Negative, 2 Mixed: Mixed holds 3.3% < 5%.
     completions = ["Positive"] * 30 + ["Negative"] * 28 + ["Mixed"] * 2
     train = [legacy(f"reviews.jsonl:{i + 1}", f"Review {i}: is it good?", c) for i, c in enumerate(completions)]
-    eval_ = [legacy(f"eval.jsonl:{i + 1}", f"Held-out review {i}: is it good?", c)
-             for i, c in enumerate(["Positive", "Negative", "Mixed"])]
+    eval_ = [
+        legacy(f"eval.jsonl:{i + 1}", f"Held-out review {i}: is it good?", c)
+        for i, c in enumerate(["Positive", "Negative", "Mixed"])
+    ]
     report = validate_dataset(train, eval_, ValidationConfig(), None, tmp_path)
     labels = by_name(report)["labels are balanced"]
     assert not labels.success and not report.success

@@ -53,8 +53,11 @@ from tuneloop.serving.untrusted import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 log = logging.getLogger("tuneloop.api")
 
 
-def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1",
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+def create_app(
+    title: str = "tuneloop OpenAI-compatible API",
+    version: str = "1",
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     """The FastAPI app; set app.state.server to an OpenAIServer once the model is ready."""
     app = FastAPI(title=title, version=version, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = None
@@ -91,14 +94,22 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return await _serving_error(request, InternalError("unexpected server error; see the server log"))
 
-    @app.post("/v1/completions", response_model=Completion, tags=["OpenAI"],
-              responses={**ERROR_RESPONSES, 200: {"content": SSE_DOC}})
+    @app.post(
+        "/v1/completions",
+        response_model=Completion,
+        tags=["OpenAI"],
+        responses={**ERROR_RESPONSES, 200: {"content": SSE_DOC}},
+    )
     async def completions(body: CompletionRequest, request: Request):
         """Text completion of a prompt (or of each prompt of a list)."""
         return await create_completion(server_of(request), body, request)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletion, tags=["OpenAI"],
-              responses={**ERROR_RESPONSES, 200: {"content": SSE_DOC}})
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletion,
+        tags=["OpenAI"],
+        responses={**ERROR_RESPONSES, 200: {"content": SSE_DOC}},
+    )
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         """The assistant's next message, rendered through the model's chat template."""
         return await create_chat_completion(server_of(request), body, request)
@@ -118,8 +129,12 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
         """The served model: its registered name:version, then its aliases."""
         server = server_of(request)
         s = server.served
-        return {"object": "list", "data": [{"id": i, "object": "model", "created": s.created,
-                                            "owned_by": "tuneloop", "root": s.id} for i in s.ids]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": i, "object": "model", "created": s.created, "owned_by": "tuneloop", "root": s.id} for i in s.ids
+            ],
+        }
 
     @app.get("/v1/models/{model:path}", response_model=ModelCard, tags=["OpenAI"], responses=ERROR_RESPONSES)
     async def retrieve_model(model: str, request: Request):
@@ -129,5 +144,3 @@ def create_app(title: str = "tuneloop OpenAI-compatible API", version: str = "1"
         return {"id": model, "object": "model", "created": s.created, "owned_by": "tuneloop", "root": s.id}
 
     return app
-
-

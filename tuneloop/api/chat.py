@@ -24,8 +24,9 @@ class ChatShape(Shape):
         return texts, [m.role for m in body.messages], texts
 
     def with_texts(self, body: ChatCompletionRequest, texts: list[str], old: list[str]):
-        messages = [m if new == was else m.model_copy(update={"content": new})
-                    for m, new, was in zip(body.messages, texts, old)]
+        messages = [
+            m if new == was else m.model_copy(update={"content": new}) for m, new, was in zip(body.messages, texts, old)
+        ]
         return body.model_copy(update={"messages": messages})
 
     def logged_prompt(self, server: OpenAIServer, body: ChatCompletionRequest):
@@ -38,30 +39,52 @@ class ChatShape(Shape):
         return ChatLogprobs(server) if body.logprobs else None
 
     def choice(self, i, text, finish, entries, logprobs, prepared):
-        return {"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": logprobs and logprobs.render(entries), "finish_reason": finish}
+        return {
+            "index": i,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": logprobs and logprobs.render(entries),
+            "finish_reason": finish,
+        }
 
     def delta(self, i, text, finish, entries, logprobs):
-        return {"index": i, "delta": {"content": text} if text else {},
-                "logprobs": logprobs and logprobs.render(entries), "finish_reason": finish}
+        return {
+            "index": i,
+            "delta": {"content": text} if text else {},
+            "logprobs": logprobs and logprobs.render(entries),
+            "finish_reason": finish,
+        }
 
     def first_chunks(self, base, gens, prepared, logprobs):
         # The role first, for every choice in one chunk (it goes out with the first content).
-        first = {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None} for i in range(len(gens.streams))]}
+        first = {
+            **base,
+            "choices": [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(len(gens.streams))
+            ],
+        }
         if prepared.include_usage:
             first["usage"] = None
         return [first]
 
     def cached_choice(self, i, c, delta):
         out = {"index": i, "finish_reason": c["finish_reason"], "logprobs": None}
-        out["delta" if delta else "message"] = ({"content": c["text"]} if delta else
-                                                {"role": "assistant", "content": c["text"], "refusal": None})
+        out["delta" if delta else "message"] = (
+            {"content": c["text"]} if delta else {"role": "assistant", "content": c["text"], "refusal": None}
+        )
         return out
 
     def cached_first_chunks(self, base, choices, extra):
-        return [{**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None} for i in range(choices)], **extra}]
+        return [
+            {
+                **base,
+                "choices": [
+                    {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for i in range(choices)
+                ],
+                **extra,
+            }
+        ]
 
     def answer_text(self, choice):
         return choice["message"]["content"]

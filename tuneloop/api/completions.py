@@ -17,8 +17,11 @@ class CompletionShape(Shape):
 
     def prompt_texts(self, server: OpenAIServer, body: CompletionRequest):
         items, single = prompt_items(body.prompt)
-        texts = [p if isinstance(p, str) else server.loaded.tokenizer.decode(p, skip_special_tokens=False)
-                 for p in items if isinstance(p, str) or all(0 <= t < server.loaded.vocab_size for t in p)]
+        texts = [
+            p if isinstance(p, str) else server.loaded.tokenizer.decode(p, skip_special_tokens=False)
+            for p in items
+            if isinstance(p, str) or all(0 <= t < server.loaded.vocab_size for t in p)
+        ]
         if len(texts) != len(items):
             return None, None, None  # an out-of-vocabulary token id: tokenisation refuses it with a 400
         return texts, None, single
@@ -30,8 +33,9 @@ class CompletionShape(Shape):
     def logged_prompt(self, server: OpenAIServer, body: CompletionRequest):
         items, single = prompt_items(body.prompt)
         tok = server.loaded.tokenizer
-        texts = [p if isinstance(p, str) else tok.decode([t for t in p if 0 <= t < server.loaded.vocab_size])
-                 for p in items]
+        texts = [
+            p if isinstance(p, str) else tok.decode([t for t in p if 0 <= t < server.loaded.vocab_size]) for p in items
+        ]
         return texts[0] if single else texts
 
     async def prepare(self, server, body: CompletionRequest, hooks, call):
@@ -45,17 +49,30 @@ class CompletionShape(Shape):
         return CompletionLogprobs(server, body.logprobs, len(gens.streams), prepared.echo)
 
     def choice(self, i, text, finish, entries, logprobs, prepared):
-        return {"index": i, "text": (prepared.echo[i] if prepared.echo else "") + text, "finish_reason": finish,
-                "logprobs": logprobs.render(i, text, entries)}
+        return {
+            "index": i,
+            "text": (prepared.echo[i] if prepared.echo else "") + text,
+            "finish_reason": finish,
+            "logprobs": logprobs.render(i, text, entries),
+        }
 
     def delta(self, i, text, finish, entries, logprobs):
         return {"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs.render(i, text, entries)}
 
     def first_chunks(self, base, gens, prepared, logprobs):
         # The echoed prompts go first, each as its choice's opening text.
-        return [{**base, "choices": [self.delta(i, text, None, None, logprobs)],
-                 **({"usage": None} if prepared.include_usage else {})}
-                for i, text in enumerate(prepared.echo)] if prepared.echo else []
+        return (
+            [
+                {
+                    **base,
+                    "choices": [self.delta(i, text, None, None, logprobs)],
+                    **({"usage": None} if prepared.include_usage else {}),
+                }
+                for i, text in enumerate(prepared.echo)
+            ]
+            if prepared.echo
+            else []
+        )
 
     def cached_choice(self, i, c, delta):
         return {"index": i, "finish_reason": c["finish_reason"], "logprobs": None, "text": c["text"]}

@@ -13,8 +13,7 @@ from tuneloop.serving.errors import InvalidRequest, ServingError
 
 def error_response(err: ServingError) -> Response:
     # ASCII-escaped: a message may quote the client's input, which is not always encodable text.
-    return Response(json.dumps(err.body()), status_code=err.status, headers=err.headers,
-                    media_type="application/json")
+    return Response(json.dumps(err.body()), status_code=err.status, headers=err.headers, media_type="application/json")
 
 
 def _param_from_loc(loc: tuple) -> str | None:
@@ -45,4 +44,3 @@ def validation_error(errors: list[dict]) -> InvalidRequest:
     if e.get("type") == "missing" and param:
         return InvalidRequest(f"you must provide '{param}'", param=param)
     return InvalidRequest(f"{param}: {e.get('msg')}" if param else str(e.get("msg")), param=param)
-

@@ -19,8 +19,19 @@ def create_feedback(request_log, body: FeedbackRequest, request: Request) -> dic
         raise RouteNotFound("feedback needs the request log, which is off on this server (request_log.enabled)")
     call = call_of(request)  # the feedback request's own record: its key, as the gateway found it
     fid, created = f"fb_{uuid.uuid4().hex}", int(time.time())
-    request_log.submit({"kind": "feedback", "feedback_id": fid, "time": utc_iso(time.time()),
-                        "request_id": body.request_id, "key_id": call.key_id, "tenant": call.tenant,
-                        "rating": body.rating, "correction": body.correction, "comment": body.comment,
-                        "via": call.request_id}, stream="feedback")
+    request_log.submit(
+        {
+            "kind": "feedback",
+            "feedback_id": fid,
+            "time": utc_iso(time.time()),
+            "request_id": body.request_id,
+            "key_id": call.key_id,
+            "tenant": call.tenant,
+            "rating": body.rating,
+            "correction": body.correction,
+            "comment": body.comment,
+            "via": call.request_id,
+        },
+        stream="feedback",
+    )
     return {"id": fid, "object": "feedback", "created": created, "request_id": body.request_id}

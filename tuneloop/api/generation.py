@@ -53,8 +53,10 @@ class Generations:
         # loop.time() and time.monotonic() are the same clock.
         self.deadline = self.ticket.deadline
         self.started_at = time.perf_counter()
-        self.streams = [GenerationStream(f"{request_id}-{i}", ids, params, loop, server.stream_interval_s)
-                        for i, (ids, params) in enumerate(zip(prepared.prompts, prepared.params))]
+        self.streams = [
+            GenerationStream(f"{request_id}-{i}", ids, params, loop, server.stream_interval_s)
+            for i, (ids, params) in enumerate(zip(prepared.prompts, prepared.params))
+        ]
         self.prompt_tokens = prepared.prompt_tokens
         self.assemblers = [TextAssembler(server.loaded.tokenizer, prepared.stop) for _ in self.streams]
         self.completion_tokens = [0] * len(self.streams)
@@ -65,8 +67,7 @@ class Generations:
         self.redactors = [hooks.output_stream() for _ in self.streams]
         # logprob entries wait until the redaction has let their text out (None: not redacted)
         wants = any(p.logprobs is not None for p in prepared.params)
-        self.held = [HeldLogprobs(TokenText(server), r) if r is not None and wants else None
-                     for r in self.redactors]
+        self.held = [HeldLogprobs(TokenText(server), r) if r is not None and wants else None for r in self.redactors]
         self.texts = [""] * len(self.streams)
         self.verdicts: list[Any] = [None] * len(self.streams)
         self._closed = False
@@ -94,7 +95,7 @@ class Generations:
                 self.call.first_token()
             delta = await self._out(i, text.add(ids))
             self.completion_tokens[i] = len(text.ids)
-            logprobs = stream.token_logprobs[seen:seen + len(ids)]  # delivered in the tokens' order
+            logprobs = stream.token_logprobs[seen : seen + len(ids)]  # delivered in the tokens' order
             seen += len(logprobs)
             entries = list(zip(ids, logprobs))
             held = self.held[i]
@@ -113,8 +114,11 @@ class Generations:
             raise Aborted(self.abort_reason or "cancelled")
         last = await self._out(i, text.flush(), final=True)
         held = self.held[i]
-        yield (last, await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"),
-               [] if held is None else held.release(final=True))
+        yield (
+            last,
+            await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"),
+            [] if held is None else held.release(final=True),
+        )
 
     async def _out(self, i: int, delta: str, final: bool = False) -> str:
         """What the client may see of a text delta: PII redacted (a tail held back until it is
@@ -177,8 +181,7 @@ class Generations:
     def timeout_error(self) -> RequestTimeout:
         self.abort_reason = "timeout"
         return RequestTimeout(
-            f"the generation did not finish within the request timeout of "
-            f"{self.server.admission.request_timeout_s:g} s"
+            f"the generation did not finish within the request timeout of {self.server.admission.request_timeout_s:g} s"
         )
 
 
@@ -220,8 +223,9 @@ class _SSEResponse(StreamingResponse):
     """A StreamingResponse that always runs on_close, even if the body was never iterated."""
 
     def __init__(self, content, on_close):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -301,12 +305,18 @@ def stream_response(gens: Generations, make_chunk, include_usage: bool, first_ch
 
 def usage(gens: Generations) -> dict:
     completion = sum(gens.completion_tokens)
-    return {"prompt_tokens": gens.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": gens.prompt_tokens + completion,
-            # What is known of them: no prompt cache, no reasoning, no predicted outputs.
-            "prompt_tokens_details": {"cached_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
-                                          "rejected_prediction_tokens": 0}}
+    return {
+        "prompt_tokens": gens.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": gens.prompt_tokens + completion,
+        # What is known of them: no prompt cache, no reasoning, no predicted outputs.
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
 
 
 async def generate_or_raise(gens: Generations, request: Request) -> list[tuple[str, str, list]] | None:

@@ -113,6 +113,7 @@ async def serve(shape: Shape, server: OpenAIServer, body, request: Request):
         return {"text": text, "finish_reason": finish, "content_filter_results": gens.filter_results(i)}
 
     if body.stream:
+
         def chunk(i, delta, finish, usage=None, entries=None):
             choices = [] if i is None else [shape.delta(i, delta or "", finish, entries, logprobs)]
             if finish is not None and gens.filter_results(i) is not None:
@@ -123,8 +124,15 @@ async def serve(shape: Shape, server: OpenAIServer, body, request: Request):
             return out
 
         async def done():
-            await _store(hooks, call, gens, [stored(i, (echo[i] if echo else "") + gens.texts[i],
-                                                    gens.finish_reasons[i]) for i in range(len(gens.streams))])
+            await _store(
+                hooks,
+                call,
+                gens,
+                [
+                    stored(i, (echo[i] if echo else "") + gens.texts[i], gens.finish_reasons[i])
+                    for i in range(len(gens.streams))
+                ],
+            )
 
         first = shape.first_chunks(base, gens, prepared, logprobs)
         return stream_response(gens, chunk, prepared.include_usage, first, on_done=done)
@@ -140,7 +148,9 @@ async def serve(shape: Shape, server: OpenAIServer, body, request: Request):
         if gens.filter_results(i) is not None:
             choice["content_filter_results"] = gens.filter_results(i)
         choices.append(choice)
-    await _store(hooks, call, gens, [stored(i, shape.answer_text(c), c["finish_reason"]) for i, c in enumerate(choices)])
+    await _store(
+        hooks, call, gens, [stored(i, shape.answer_text(c), c["finish_reason"]) for i, c in enumerate(choices)]
+    )
     return JSONResponse({**base, "object": shape.json_object, "choices": choices, "usage": usage(gens)})
 
 
@@ -149,8 +159,13 @@ def _base(server: OpenAIServer, shape: Shape, call: RequestRecord) -> dict:
     request for an alias with the snapshot's name (set again by _versioned once admitted)."""
     rid = f"{shape.id_prefix}-{uuid.uuid4().hex}"
     call.response_id = rid
-    return {"id": rid, "object": shape.chunk_object, "created": int(time.time()), "model": server.served.id,
-            "system_fingerprint": server.fingerprint}
+    return {
+        "id": rid,
+        "object": shape.chunk_object,
+        "created": int(time.time()),
+        "model": server.served.id,
+        "system_fingerprint": server.fingerprint,
+    }
 
 
 async def _screen(shape: Shape, server: OpenAIServer, body, hooks: Hooks, call: RequestRecord):
@@ -200,9 +215,14 @@ def _replay(shape: Shape, cached: dict, base: dict, stream: bool, include_usage:
         return out
 
     if not stream:
-        return JSONResponse({**base, "object": shape.json_object,
-                             "choices": [choice(i, c, False) for i, c in enumerate(cached["choices"])],
-                             "usage": usage_})
+        return JSONResponse(
+            {
+                **base,
+                "object": shape.json_object,
+                "choices": [choice(i, c, False) for i, c in enumerate(cached["choices"])],
+                "usage": usage_,
+            }
+        )
     extra = {"usage": None} if include_usage else {}
     chunks = shape.cached_first_chunks(base, len(cached["choices"]), extra)
     for i, c in enumerate(cached["choices"]):

@@ -62,12 +62,12 @@ class HeldLogprobs:
             text, shown, pos = self.text(token), [], start
             for k in hits:
                 s, e, replacement = self.redactor.spans[k]
-                shown.append(text[max(pos - start, 0):max(s - margin - start, 0)])
+                shown.append(text[max(pos - start, 0) : max(s - margin - start, 0)])
                 if k not in self.shown:
                     shown.append(replacement)
                     self.shown.add(k)
                 pos = max(pos, e + margin)
-            shown.append(text[min(max(pos - start, 0), len(text)):])
+            shown.append(text[min(max(pos - start, 0), len(text)) :])
             out.append((token, (own, []), "".join(shown)))
         return out
 
@@ -91,8 +91,13 @@ class ChatLogprobs:
     def render(self, entries) -> dict | None:
         if entries is None:
             return None
-        return {"content": [{**self._item(token, own, shown), "top_logprobs": [self._item(t, lp) for t, lp in top]}
-                            for token, (own, top), shown in _entries(entries)], "refusal": None}
+        return {
+            "content": [
+                {**self._item(token, own, shown), "top_logprobs": [self._item(t, lp) for t, lp in top]}
+                for token, (own, top), shown in _entries(entries)
+            ],
+            "refusal": None,
+        }
 
 
 class CompletionLogprobs:
@@ -116,5 +121,3 @@ class CompletionLogprobs:
             out["text_offset"].append(self.offsets[i])
             self.offsets[i] += len(text)
         return out
-
-

@@ -106,8 +106,10 @@ class ProcessingTimeMiddleware(ApiMiddleware):
                 # milliseconds are that reading rounded (0.5004 ms is "0.500" and "0", not "1").
                 ms = round((time.perf_counter() - start) * 1000, 3)
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in self.HEADERS]
-                headers += [(b"openai-processing-ms", f"{ms:.0f}".encode()),
-                            (b"server-timing", f"app;dur={ms:.3f}".encode())]
+                headers += [
+                    (b"openai-processing-ms", f"{ms:.0f}".encode()),
+                    (b"server-timing", f"app;dur={ms:.3f}".encode()),
+                ]
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -206,9 +208,16 @@ class InternalRoutesGuard:
             if not hmac.compare_digest(given, self.token):
                 err = RouteNotFound(f"{scope.get('method')} {scope.get('path')}: not found")
                 body = json.dumps(err.body()).encode()
-                await send({"type": "http.response.start", "status": err.status,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": err.status,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
         await self.app(scope, receive, send)

@@ -25,6 +25,13 @@ async def create_moderation(body: ModerationRequest, request: Request) -> dict:
             raise Unavailable("the server is loading or warming up; retry shortly", retry_after_s=2)
         raise RouteNotFound("moderation is off on this server (gateway.filter.prompts and outputs are off)")
     model_id, verdicts = moderated
-    results = [{"flagged": v.flagged, "categories": v.categories, "category_scores": v.scores,
-                "category_applied_input_types": {c: ["text"] for c in v.categories}} for v in verdicts]
+    results = [
+        {
+            "flagged": v.flagged,
+            "categories": v.categories,
+            "category_scores": v.scores,
+            "category_applied_input_types": {c: ["text"] for c in v.categories},
+        }
+        for v in verdicts
+    ]
     return {"id": f"modr-{uuid.uuid4().hex}", "model": model_id, "results": results}

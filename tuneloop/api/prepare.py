@@ -35,8 +35,9 @@ def check_model(server: OpenAIServer, model: str) -> None:
 def prompt_texts(body) -> tuple[list[str], list[list[int]]]:
     """(the prompt's texts, its token-id prompts) as sent."""
     if isinstance(body, ChatCompletionRequest):
-        return [m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
-                for m in body.messages], []
+        return [
+            m.content if isinstance(m.content, str) else "".join(p.text for p in m.content) for m in body.messages
+        ], []
     items, _ = prompt_items(body.prompt)
     return [p for p in items if isinstance(p, str)], [p for p in items if not isinstance(p, str)]
 
@@ -51,15 +52,18 @@ def bound_prompt(server: OpenAIServer, body) -> None:
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     longest_ids = max((len(p) for p in id_prompts), default=0)
     if longest_ids > ctx:
-        raise ContextLengthExceeded(f"This model's maximum context length is {ctx} tokens; the {param} holds "
-                                    f"{longest_ids} token ids.", param=param)
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {ctx} tokens; the {param} holds {longest_ids} token ids.",
+            param=param,
+        )
     chars = sum(len(t) for t in texts) if isinstance(body, ChatCompletionRequest) else max(map(len, texts), default=0)
     bound = ctx * server.loaded.max_token_chars
     if chars > bound:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {ctx} tokens; the {param} holds {chars} characters, more than "
             f"{ctx} tokens can (at most {server.loaded.max_token_chars} characters a token). Please shorten it.",
-            param=param)
+            param=param,
+        )
 
 
 async def tokenized(fn, server: OpenAIServer, body) -> list[list[int]]:
@@ -72,13 +76,17 @@ def _refuse_unsupported(body: SamplingFields) -> None:
     """Parameters OpenAI knows and this server does not implement: a 400 naming each, never
     silently ignored (each would change the answer)."""
     if body.response_format is not None and body.response_format != {"type": "text"}:
-        raise InvalidRequest(f"response_format {json.dumps(body.response_format)[:100]} is not supported: this server "
-                             'does no constrained decoding; only {"type": "text"}', param="response_format")
+        raise InvalidRequest(
+            f"response_format {json.dumps(body.response_format)[:100]} is not supported: this server "
+            'does no constrained decoding; only {"type": "text"}',
+            param="response_format",
+        )
     if body.tools:
         raise InvalidRequest("tools: tool calling is not supported by this server", param="tools")
     if body.tool_choice not in (None, "none"):
-        raise InvalidRequest('tool_choice: tool calling is not supported by this server (only "none")',
-                             param="tool_choice")
+        raise InvalidRequest(
+            'tool_choice: tool calling is not supported by this server (only "none")', param="tool_choice"
+        )
     if isinstance(body, ChatCompletionRequest):
         if body.audio is not None:
             raise InvalidRequest("audio: audio output is not supported by this server", param="audio")
@@ -86,11 +94,15 @@ def _refuse_unsupported(body: SamplingFields) -> None:
             raise InvalidRequest("top_logprobs needs logprobs=true", param="top_logprobs")
     if isinstance(body, CompletionRequest):
         if body.logprobs is not None and body.echo:
-            raise InvalidRequest("echo with logprobs is not supported: the prompt's own logprobs are not computed",
-                                 param="echo")
+            raise InvalidRequest(
+                "echo with logprobs is not supported: the prompt's own logprobs are not computed", param="echo"
+            )
         if body.best_of is not None and body.best_of != body.n:
-            raise InvalidRequest(f"best_of={body.best_of}: server-side ranking of completions is not supported; "
-                                 "give best_of equal to n, or leave it out", param="best_of")
+            raise InvalidRequest(
+                f"best_of={body.best_of}: server-side ranking of completions is not supported; "
+                "give best_of equal to n, or leave it out",
+                param="best_of",
+            )
 
 
 def _logit_bias(server: OpenAIServer, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -102,17 +114,24 @@ def _logit_bias(server: OpenAIServer, bias: dict[str, float] | None) -> tuple[tu
         except ValueError:
             raise InvalidRequest(f"logit_bias: key {key!r} is not a token id", param="logit_bias") from None
         if not 0 <= token < vocab:
-            raise InvalidRequest(f"logit_bias: token id {token} is outside this model's vocabulary (0..{vocab - 1})",
-                                 param="logit_bias")
+            raise InvalidRequest(
+                f"logit_bias: token id {token} is outside this model's vocabulary (0..{vocab - 1})", param="logit_bias"
+            )
         if not -100 <= value <= 100:
-            raise InvalidRequest(f"logit_bias: the bias of token {token} is {value}; biases must lie in [-100, 100]",
-                                 param="logit_bias")
+            raise InvalidRequest(
+                f"logit_bias: the bias of token {token} is {value}; biases must lie in [-100, 100]", param="logit_bias"
+            )
         out.append((token, float(value)))
     return tuple(out)
 
 
-def prepare(server: OpenAIServer, body: SamplingFields, prompts: list[list[int]], prompt_param: str,
-             echo: list[str] | None = None) -> Prepared:
+def prepare(
+    server: OpenAIServer,
+    body: SamplingFields,
+    prompts: list[list[int]],
+    prompt_param: str,
+    echo: list[str] | None = None,
+) -> Prepared:
     _refuse_unsupported(body)
     if body.max_tokens is not None and body.max_completion_tokens is not None:
         raise InvalidRequest("give max_tokens or max_completion_tokens, not both", param="max_completion_tokens")
@@ -126,8 +145,9 @@ def prepare(server: OpenAIServer, body: SamplingFields, prompts: list[list[int]]
     ctx = server.context_length
     longest = max(len(p) for p in prompts)
     if max_tokens is not None and server.max_tokens_limit is not None and max_tokens > server.max_tokens_limit:
-        raise InvalidRequest(f"{param}={max_tokens} is above this server's limit of {server.max_tokens_limit}",
-                             param=param)
+        raise InvalidRequest(
+            f"{param}={max_tokens} is above this server's limit of {server.max_tokens_limit}", param=param
+        )
     if max_tokens is not None:
         wanted = max_tokens
     else:  # until a stop token or the end of the context window (or the server's default)
@@ -152,10 +172,19 @@ def prepare(server: OpenAIServer, body: SamplingFields, prompts: list[list[int]]
         for j in range(body.n):
             seed = None if body.seed is None else body.seed + j  # n seeded choices differ, reproducibly
             choices.append(ids)
-            params.append(SamplingParams(max_new_tokens=wanted, temperature=body.temperature, top_p=body.top_p,
-                                         seed=seed, presence_penalty=body.presence_penalty,
-                                         frequency_penalty=body.frequency_penalty, logit_bias=bias,
-                                         ignore_eos=body.ignore_eos, logprobs=top))
+            params.append(
+                SamplingParams(
+                    max_new_tokens=wanted,
+                    temperature=body.temperature,
+                    top_p=body.top_p,
+                    seed=seed,
+                    presence_penalty=body.presence_penalty,
+                    frequency_penalty=body.frequency_penalty,
+                    logit_bias=bias,
+                    ignore_eos=body.ignore_eos,
+                    logprobs=top,
+                )
+            )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echoed = [text for text in echo for _ in range(body.n)] if echo is not None else None
     return Prepared(choices, params, stop, include_usage, sum(len(p) for p in prompts), echoed)
@@ -189,8 +218,10 @@ def tokenize_completion(server: OpenAIServer, body: CompletionRequest) -> list[l
                 raise InvalidRequest("suffix needs a text prompt, not token ids", param="suffix")
             bad = [t for t in item if not 0 <= t < server.loaded.vocab_size]
             if bad:
-                raise InvalidRequest(f"prompt: token id {bad[0]} is outside this model's vocabulary "
-                                     f"(0..{server.loaded.vocab_size - 1})", param="prompt")
+                raise InvalidRequest(
+                    f"prompt: token id {bad[0]} is outside this model's vocabulary (0..{server.loaded.vocab_size - 1})",
+                    param="prompt",
+                )
             ids = list(item)
         # An empty prompt starts from the document boundary, as GPT-2 style models expect.
         out.append(ids or [boundary])
@@ -205,8 +236,10 @@ def _fill_in_the_middle(server: OpenAIServer, prefix: str, suffix: str) -> str:
     tok = server.loaded.tokenizer
     ids = [tok.convert_tokens_to_ids(t) for t in FIM_TOKENS]
     if any(not isinstance(i, int) or i == tok.unk_token_id for i in ids):
-        raise InvalidRequest("suffix: this model has no fill-in-the-middle tokens "
-                             f"({', '.join(FIM_TOKENS)}), so it cannot insert text", param="suffix")
+        raise InvalidRequest(
+            f"suffix: this model has no fill-in-the-middle tokens ({', '.join(FIM_TOKENS)}), so it cannot insert text",
+            param="suffix",
+        )
     return f"{FIM_TOKENS[0]}{prefix}{FIM_TOKENS[1]}{suffix}{FIM_TOKENS[2]}"
 
 
@@ -234,5 +267,3 @@ def tokenize_chat(server: OpenAIServer, body: ChatCompletionRequest) -> list[lis
     except Exception as exc:  # a template may reject a conversation (e.g. roles out of order)
         raise InvalidRequest(f"messages: the chat template rejected them: {exc}", param="messages") from None
     return [server.loaded.encode(text)]
-
-

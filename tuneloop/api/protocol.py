@@ -21,8 +21,9 @@ def _no_lone_surrogates(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"contains a lone UTF-16 surrogate ({text[exc.start]!a}) at character {exc.start}; "
-                         "send valid Unicode text") from None
+        raise ValueError(
+            f"contains a lone UTF-16 surrogate ({text[exc.start]!a}) at character {exc.start}; send valid Unicode text"
+        ) from None
     return text
 
 
@@ -63,11 +64,17 @@ class SamplingFields(_Strict):
 
 class CompletionRequest(SamplingFields):
     prompt: Text | list[Text] | list[int] | list[list[int]] = Field(
-        description="A string, a list of strings, or token ids (a list, or a list of lists)")
+        description="A string, a list of strings, or token ids (a list, or a list of lists)"
+    )
     echo: bool = Field(False, description="Return the prompt's text before the completion.")
     suffix: Text | None = Field(None, description="Fill-in-the-middle; only for models with FIM tokens.")
-    logprobs: int | None = Field(None, ge=0, le=5, description="The log-probability of each token and of this "
-                                 "many alternatives (of the model's own distribution, as vLLM reports it).")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=5,
+        description="The log-probability of each token and of this "
+        "many alternatives (of the model's own distribution, as vLLM reports it).",
+    )
     best_of: int | None = Field(None, ge=1, description="Only equal to n (no server-side ranking).")
 
 
@@ -98,13 +105,18 @@ class ModerationRequest(_Strict):
 class FeedbackRequest(_Strict):
     """tuneloop's own route (OpenAI has none): what a client says about a logged request."""
 
-    request_id: str = Field(pattern=r"^(req_|chatcmpl-|cmpl-)[0-9a-f]{32}$",
-                            description="The request's x-request-id header (req_...) or its response id "
-                                        "(chatcmpl-... / cmpl-...).")
+    request_id: str = Field(
+        pattern=r"^(req_|chatcmpl-|cmpl-)[0-9a-f]{32}$",
+        description="The request's x-request-id header (req_...) or its response id (chatcmpl-... / cmpl-...).",
+    )
     rating: int | None = Field(None, ge=-1, le=1, description="-1 bad, 0 neutral, 1 good.")
-    correction: Text | None = Field(None, min_length=1, max_length=100_000,
-                                    description="The completion the model should have given: a candidate "
-                                                "training example (validated before any training uses it).")
+    correction: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=100_000,
+        description="The completion the model should have given: a candidate "
+        "training example (validated before any training uses it).",
+    )
     comment: Text | None = Field(None, max_length=4000)
 
     @model_validator(mode="after")
@@ -260,6 +272,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     # Also keeps FastAPI from documenting its own 422, which this API never answers.
     "default": {"model": ErrorResponse, "description": "Any other error, in the same shape"},
 }
-SSE_DOC = {"text/event-stream": {"schema": {"type": "string", "description": "with stream=true: `data: <chunk>` "
-                                            "events, then `data: [DONE]`"}}}
-
+SSE_DOC = {
+    "text/event-stream": {
+        "schema": {"type": "string", "description": "with stream=true: `data: <chunk>` events, then `data: [DONE]`"}
+    }
+}

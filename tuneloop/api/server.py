@@ -61,5 +61,3 @@ def server_of(request: Request) -> OpenAIServer:
     if server.draining:
         raise Unavailable("the server is shutting down; retry (another replica answers)", retry_after_s=1)
     return server
-
-

@@ -40,8 +40,7 @@ def cacheable(body: dict[str, Any]) -> bool:
 
 def cache_key(tenant: str, model_id: str, route: str, body: dict[str, Any]) -> str:
     normalised = {k: v for k, v in body.items() if k not in IGNORED and v is not None}
-    blob = json.dumps([tenant, model_id, route, normalised], sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=True)
+    blob = json.dumps([tenant, model_id, route, normalised], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -68,8 +67,14 @@ class _LRU:
 
 
 class ResultCache:
-    def __init__(self, ttl_s: float, max_entries: int, health: RedisHealth | None = None,
-                 namespace: str = "tuneloop:cache:", on_event: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        ttl_s: float,
+        max_entries: int,
+        health: RedisHealth | None = None,
+        namespace: str = "tuneloop:cache:",
+        on_event: Callable[[str], None] | None = None,
+    ):
         self.ttl_s = ttl_s
         self.health = health
         self.namespace = namespace

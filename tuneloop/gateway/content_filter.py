@@ -27,8 +27,18 @@ from typing import Any, Callable, Sequence
 from tuneloop.gateway.normalize import screening_views
 
 OPENAI_CATEGORIES = (
-    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
-    "self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "sexual/minors", "violence",
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
     "violence/graphic",
 )
 INJECTION = "prompt_injection"
@@ -51,8 +61,12 @@ class Verdict:
 
     def summary(self) -> dict:
         """As the request log keeps it: {flagged, categories, rules, score}."""
-        return {"flagged": bool(self.flagged), "categories": self.flagged_categories(), "rules": list(self.rules),
-                "score": round(float(max(self.scores.values(), default=0.0)), 4) if self.scores else None}
+        return {
+            "flagged": bool(self.flagged),
+            "categories": self.flagged_categories(),
+            "rules": list(self.rules),
+            "score": round(float(max(self.scores.values(), default=0.0)), 4) if self.scores else None,
+        }
 
 
 class RuleSet:
@@ -73,8 +87,13 @@ class MicroBatcher:
     awaited, a plain one runs in a worker thread); what arrives meanwhile waits (at most
     max_latency_s more) and joins the next batch."""
 
-    def __init__(self, fn: Callable[[list], Sequence] | Callable[[list], Awaitable[Sequence]], max_batch_size: int,
-                 max_latency_s: float, on_batch: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        fn: Callable[[list], Sequence] | Callable[[list], Awaitable[Sequence]],
+        max_batch_size: int,
+        max_latency_s: float,
+        on_batch: Callable[[int], None] | None = None,
+    ):
         self.fn = fn
         self._awaitable = inspect.iscoroutinefunction(fn)
         self.max_batch_size = max_batch_size
@@ -95,7 +114,7 @@ class MicroBatcher:
         while self._pending:
             if len(self._pending) < self.max_batch_size and self.max_latency_s > 0:
                 await asyncio.sleep(self.max_latency_s)  # let concurrent callers join
-            batch, self._pending = self._pending[:self.max_batch_size], self._pending[self.max_batch_size:]
+            batch, self._pending = self._pending[: self.max_batch_size], self._pending[self.max_batch_size :]
             batch = [(item, fut) for item, fut in batch if not fut.done()]  # a caller that gave up
             if not batch:
                 continue
@@ -126,10 +145,19 @@ class MicroBatcher:
 
 
 class ContentFilter:
-    def __init__(self, rules: RuleSet, classifier=None, threshold: float | None = None,
-                 model_id: str | None = None, max_batch_size: int = 32, max_latency_ms: float = 5.0,
-                 timeout_s: float = 5.0, on_batch: Callable[[int], None] | None = None,
-                 on_texts: Callable[[int, int], None] | None = None, on_cpu: Callable[[float], None] | None = None):
+    def __init__(
+        self,
+        rules: RuleSet,
+        classifier=None,
+        threshold: float | None = None,
+        model_id: str | None = None,
+        max_batch_size: int = 32,
+        max_latency_ms: float = 5.0,
+        timeout_s: float = 5.0,
+        on_batch: Callable[[int], None] | None = None,
+        on_texts: Callable[[int, int], None] | None = None,
+        on_cpu: Callable[[float], None] | None = None,
+    ):
         self.rules = rules
         self.classifier = classifier
         self.threshold = threshold if threshold is not None else getattr(classifier, "threshold", 0.5)

@@ -71,7 +71,7 @@ def _segments(text: str, max_segments: int) -> list[str]:
         return [text]
     if len(parts) > max_segments:
         half = max_segments // 2
-        parts = parts[:half] + parts[-(max_segments - half):]
+        parts = parts[:half] + parts[-(max_segments - half) :]
     return parts
 
 
@@ -100,8 +100,8 @@ def dense_features(model, texts: Sequence[str], cfg: dict) -> np.ndarray:
         else:
             mean = seg.mean(axis=0)
             out[i, :dim] = mean / max(float(np.linalg.norm(mean)), 1e-12)
-        out[i, dim:2 * dim] = seg.max(axis=0)
-        out[i, 2 * dim:] = seg[-1]
+        out[i, dim : 2 * dim] = seg.max(axis=0)
+        out[i, 2 * dim :] = seg[-1]
     return out
 
 
@@ -116,8 +116,9 @@ class _Head:
     head.joblib, so it keeps this module and this name (see the module's docstring)."""
 
     def __init__(self, cfg: dict, use_tfidf: bool):
-        self.cfg = {k: cfg[k] for k in ("C", "class_weight", "char_ngram", "char_min_df", "word_ngram",
-                                        "embedding_weight")}
+        self.cfg = {
+            k: cfg[k] for k in ("C", "class_weight", "char_ngram", "char_min_df", "word_ngram", "embedding_weight")
+        }
         self.use_tfidf = use_tfidf
         # fitted by filter_train.fit_head: char and word with use_tfidf, lr always, screen_lr with a screen
         self.char: TfidfVectorizer | None = None
@@ -189,7 +190,7 @@ class _LinearScorer:
                 assert vec is not None  # fitted whenever use_tfidf
                 n = len(vec.vocabulary_)
                 idf = np.asarray(vec.idf_, dtype=np.float64)
-                w = coef[start:start + n]
+                w = coef[start : start + n]
                 terms = {t: (idf[j], idf[j] * w[j]) for t, j in vec.vocabulary_.items()}
                 if vec.sublinear_tf is not True or vec.norm != "l2" or vec.binary:
                     raise ValueError("the linear scorer expects sublinear tf, l2 norm, no binary")
@@ -223,8 +224,9 @@ class _LinearScorer:
 class InjectionClassifier:
     """P(injection) for texts, and the flag at the threshold chosen at training."""
 
-    def __init__(self, method: str, threshold: float, info: dict, head: _Head, config: dict,
-                 encoder_ref: dict, encoder=None):
+    def __init__(
+        self, method: str, threshold: float, info: dict, head: _Head, config: dict, encoder_ref: dict, encoder=None
+    ):
         self.method = method
         self.threshold = float(threshold)
         self.info = dict(info)
@@ -270,7 +272,7 @@ class InjectionClassifier:
         cut = self._config.get("screen_cut")
         out = []
         for i in range(0, len(texts), _SCORE_CHUNK):
-            chunk = texts[i:i + _SCORE_CHUNK]
+            chunk = texts[i : i + _SCORE_CHUNK]
             first = self._head.screen_texts(chunk) if cut is not None else None
             if first is None:
                 need = np.ones(len(chunk), dtype=bool)
@@ -326,8 +328,10 @@ class InjectionClassifier:
             raise FileNotFoundError(f"{directory} is not a saved classifier (no classifier.json)")
         meta = json.loads(meta_path.read_text())
         if meta.get("format") != FORMAT or int(meta.get("format_version", 0)) > FORMAT_VERSION:
-            raise ValueError(f"{meta_path}: not a {FORMAT} v{FORMAT_VERSION} folder "
-                             f"(format {meta.get('format')!r} v{meta.get('format_version')})")
+            raise ValueError(
+                f"{meta_path}: not a {FORMAT} v{FORMAT_VERSION} folder "
+                f"(format {meta.get('format')!r} v{meta.get('format_version')})"
+            )
         _warn_versions(meta.get("versions", {}), meta_path)
         head = load_head(directory / meta.get("head", "head.joblib"))
         config = meta.get("config", {})
@@ -407,8 +411,10 @@ def load_head(path: Path) -> "_Head":
         with _old_package_names():
             return joblib.load(path)["head"]
     except (ModuleNotFoundError, AttributeError) as exc:
-        raise ValueError(f"{path} was saved by an older tuneloop and cannot be read by this one ({exc}); "
-                         "retrain the classifier with `tuneloop filter train`") from None
+        raise ValueError(
+            f"{path} was saved by an older tuneloop and cannot be read by this one ({exc}); "
+            "retrain the classifier with `tuneloop filter train`"
+        ) from None
 
 
 class _OnlyLoadedUnderOldNames:
@@ -428,7 +434,7 @@ def _old_package_names():
     added = {}
     for name, module in list(sys.modules.items()):
         if name == "tuneloop" or name.startswith("tuneloop."):
-            old = OLD_PACKAGE + name[len("tuneloop"):]
+            old = OLD_PACKAGE + name[len("tuneloop") :]
             if old not in sys.modules:
                 added[old] = module
     finder = _OnlyLoadedUnderOldNames()
@@ -447,8 +453,7 @@ def _warn_versions(saved: dict, where: Path) -> None:
     import sklearn
 
     if saved.get("sklearn") and saved["sklearn"] != sklearn.__version__:
-        log.warning("%s was saved with scikit-learn %s, loading with %s",
-                                            where, saved["sklearn"], sklearn.__version__)
+        log.warning("%s was saved with scikit-learn %s, loading with %s", where, saved["sklearn"], sklearn.__version__)
 
 
 def _jsonable(value):

@@ -24,10 +24,12 @@ def registered_classifier(cfg, load: bool = True) -> tuple[Path | None, str | No
     folder, model_id = registered_classifier_folder(cfg, f.classifier)
     if folder is None:
         if f.on_missing_classifier == "fail":
-            raise ServingSetupError(f"gateway.filter.classifier {f.classifier!r} is not registered; train it "
-                                    "with `tuneloop filter train`")
-        log.warning("content filter: %s is not registered (train it with `tuneloop filter train`); "
-                    "rules only", f.classifier)
+            raise ServingSetupError(
+                f"gateway.filter.classifier {f.classifier!r} is not registered; train it with `tuneloop filter train`"
+            )
+        log.warning(
+            "content filter: %s is not registered (train it with `tuneloop filter train`); rules only", f.classifier
+        )
     return folder, model_id
 
 
@@ -55,8 +57,19 @@ def build_content_filter(cfg, metrics=None, classifier: tuple | None = None, gua
         def on_texts(screened: int, encoded: int) -> None:
             metrics.filter_texts.labels(stage="screened").inc(screened)
             metrics.filter_texts.labels(stage="encoded").inc(encoded)
-    return ContentFilter(rules, clf, f.threshold, model_id, f.max_batch_size, f.max_latency_ms, f.timeout_s,
-                         on_batch=on_batch, on_texts=on_texts, on_cpu=on_cpu)
+
+    return ContentFilter(
+        rules,
+        clf,
+        f.threshold,
+        model_id,
+        f.max_batch_size,
+        f.max_latency_ms,
+        f.timeout_s,
+        on_batch=on_batch,
+        on_texts=on_texts,
+        on_cpu=on_cpu,
+    )
 
 
 def load_registered_classifier(cfg, ref: str):

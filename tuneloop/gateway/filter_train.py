@@ -179,8 +179,10 @@ def validate_labelled(df, source: str = "labelled set") -> pandas.DataFrame:
         raise ValueError(f"{source}: expected a DataFrame, got {type(df).__name__}")
     missing = [c for c in ("text", "label") if c not in df.columns]
     if missing:
-        raise ValueError(f"{source}: missing column(s) {missing} (has {list(df.columns)}); "
-                         "need text and label (1 = injection, 0 = benign)")
+        raise ValueError(
+            f"{source}: missing column(s) {missing} (has {list(df.columns)}); "
+            "need text and label (1 = injection, 0 = benign)"
+        )
     if len(df) == 0:
         raise ValueError(f"{source}: no rows")
     texts = df["text"]
@@ -229,8 +231,9 @@ def split_labelled(df, test_fraction: float, seed: int):
     n_test = max(int(round(len(df) * float(test_fraction))), 2)
     if n_test > len(df) - 2:
         raise ValueError(f"test_fraction {test_fraction} leaves no training data ({len(df)} rows)")
-    train_idx, test_idx = train_test_split(np.arange(len(df)), test_size=n_test, stratify=df["label"].to_numpy(),
-                                           random_state=int(seed))
+    train_idx, test_idx = train_test_split(
+        np.arange(len(df)), test_size=n_test, stratify=df["label"].to_numpy(), random_state=int(seed)
+    )
     return (df.iloc[np.sort(train_idx)].reset_index(drop=True), df.iloc[np.sort(test_idx)].reset_index(drop=True))
 
 
@@ -251,10 +254,16 @@ def fit_head(cfg: dict, texts, dense, labels, seed: int, use_tfidf: bool, screen
     if use_tfidf:
         lo, hi = head.cfg["char_ngram"]
         wlo, whi = head.cfg["word_ngram"]
-        head.char = TfidfVectorizer(analyzer="char_wb", ngram_range=(int(lo), int(hi)),
-                                    min_df=int(head.cfg["char_min_df"]), sublinear_tf=True, dtype=np.float32)
-        head.word = TfidfVectorizer(analyzer="word", ngram_range=(int(wlo), int(whi)), sublinear_tf=True,
-                                    dtype=np.float32)
+        head.char = TfidfVectorizer(
+            analyzer="char_wb",
+            ngram_range=(int(lo), int(hi)),
+            min_df=int(head.cfg["char_min_df"]),
+            sublinear_tf=True,
+            dtype=np.float32,
+        )
+        head.word = TfidfVectorizer(
+            analyzer="word", ngram_range=(int(wlo), int(whi)), sublinear_tf=True, dtype=np.float32
+        )
         sparse = sp.hstack([head.char.fit_transform(texts), head.word.fit_transform(texts)], format="csr")
     head.lr = _logistic_regression(head.cfg, seed).fit(head._matrix(sparse, dense), labels)
     if screen and sparse is not None:
@@ -266,8 +275,7 @@ def _logistic_regression(cfg: dict, seed: int):
     from sklearn.linear_model import LogisticRegression
 
     cw = cfg["class_weight"]
-    return LogisticRegression(C=float(cfg["C"]), class_weight=cw if cw else None, max_iter=5000,
-                              random_state=int(seed))
+    return LogisticRegression(C=float(cfg["C"]), class_weight=cw if cw else None, max_iter=5000, random_state=int(seed))
 
 
 def screen_cut(screen_scores: np.ndarray, labels: np.ndarray, margin: float) -> float:
@@ -292,8 +300,9 @@ def allowed_false_positives(n: int, target_fpr: float, confidence: float | None 
     return k
 
 
-def _threshold_for_fpr(negative_scores: np.ndarray, target_fpr: float, rule: str = "midpoint",
-                       confidence: float | None = None) -> float:
+def _threshold_for_fpr(
+    negative_scores: np.ndarray, target_fpr: float, rule: str = "midpoint", confidence: float | None = None
+) -> float:
     """The threshold (flag when score >= threshold) under which at most
     allowed_false_positives(n, target_fpr, confidence) of these negatives are flagged;
     midpoint: halfway to the next higher negative score."""
@@ -337,8 +346,7 @@ def _resolve_params(params: dict | None) -> dict:
     return cfg
 
 
-def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: int, progress: Progress,
-                      label: str = ""):
+def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: int, progress: Progress, label: str = ""):
     """A fresh copy of the packaged encoder fine-tuned with BCE through a linear head
     (length-bucketed batches; linear warm-up then decay)."""
     import torch
@@ -350,9 +358,13 @@ def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     model.train()
     dim = dimension(model)
     head = torch.nn.Linear(dim, 1).to(model.device)
-    opt = torch.optim.AdamW([{"params": model.parameters(), "lr": float(cfg["learning_rate"])},
-                             {"params": head.parameters(), "lr": float(cfg["head_learning_rate"])}],
-                            weight_decay=0.01)
+    opt = torch.optim.AdamW(
+        [
+            {"params": model.parameters(), "lr": float(cfg["learning_rate"])},
+            {"params": head.parameters(), "lr": float(cfg["head_learning_rate"])},
+        ],
+        weight_decay=0.01,
+    )
     bs, epochs, n = int(cfg["train_batch_size"]), int(cfg["epochs"]), len(texts)
     steps = max(epochs * math.ceil(n / bs), 1)
     warm = max(1, int(0.1 * steps))
@@ -363,7 +375,7 @@ def _finetune_encoder(texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     lengths = np.array([len(t) for t in texts], dtype=np.float64)
     for epoch in range(epochs):
         order = np.argsort(lengths * (1 + 0.2 * rng.random(n)))  # near-equal lengths batch together
-        batches = [order[i:i + bs] for i in range(0, n, bs)]
+        batches = [order[i : i + bs] for i in range(0, n, bs)]
         rng.shuffle(batches)
         total = 0.0
         for b in batches:
@@ -391,8 +403,16 @@ def _feature_model(cfg: dict):
     return load_encoder(encoder_path(), cfg["device"])
 
 
-def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: int, progress: Progress,
-         dense: np.ndarray | None = None, label: str = ""):
+def _fit(
+    method: str,
+    texts: np.ndarray,
+    labels: np.ndarray,
+    cfg: dict,
+    seed: int,
+    progress: Progress,
+    dense: np.ndarray | None = None,
+    label: str = "",
+):
     """(head, encoder or None for the packaged one) fitted on these rows."""
     encoder = None
     if method == "finetune":
@@ -403,8 +423,9 @@ def _fit(method: str, texts: np.ndarray, labels: np.ndarray, cfg: dict, seed: in
     return head, encoder
 
 
-def _extra_view_scores(head: "_Head", model, extra: list[list[str]], rows: np.ndarray, cfg: dict,
-                       dense_extra: np.ndarray | None) -> np.ndarray:
+def _extra_view_scores(
+    head: "_Head", model, extra: list[list[str]], rows: np.ndarray, cfg: dict, dense_extra: np.ndarray | None
+) -> np.ndarray:
     """Per row of `rows`, the highest score of its views beyond the first (0 without any).
     dense_extra: the frozen features of every extra view, in order (None: computed with `model`)."""
     out = np.zeros(len(rows), dtype=np.float64)
@@ -424,8 +445,9 @@ def _extra_view_scores(head: "_Head", model, extra: list[list[str]], rows: np.nd
     return out
 
 
-def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None = None,
-                     progress: Progress = None) -> InjectionClassifier:
+def train_classifier(
+    train_df, target_fpr: float, seed: int, params: dict | None = None, progress: Progress = None
+) -> InjectionClassifier:
     """Train params["method"] (default hybrid) on train_df; threshold for target_fpr from
     out-of-fold scores on train_df only. Exact duplicate texts are dropped first."""
     from sklearn.metrics import roc_auc_score
@@ -450,10 +472,14 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
     if folds < 2:
         raise ValueError("oof_folds must be at least 2")
     if min(n_pos, n_neg) < folds:
-        raise ValueError(f"need at least {folds} injections and {folds} benign rows to train "
-                         f"({n_pos} injections, {n_neg} benign)")
-    _say(progress, f"filter {method}: {len(df)} training rows ({n_pos} injections), target FPR {target_fpr:.1%}, "
-                   f"{folds}-fold out-of-fold threshold")
+        raise ValueError(
+            f"need at least {folds} injections and {folds} benign rows to train ({n_pos} injections, {n_neg} benign)"
+        )
+    _say(
+        progress,
+        f"filter {method}: {len(df)} training rows ({n_pos} injections), target FPR {target_fpr:.1%}, "
+        f"{folds}-fold out-of-fold threshold",
+    )
     _seed_everything(seed)
 
     dense, features, dense_extra = None, None, None
@@ -462,23 +488,34 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
         features = _feature_model(cfg)
         dense = dense_features(features, list(texts), cfg)
         dense_extra = dense_features(features, [x for xs in extra for x in xs], cfg) if any(extra) else None
-        _say(progress, f"filter {method}: {cfg['embeddings']} embeddings of {len(texts)} texts in "
-                       f"{time.perf_counter() - t0:.1f}s")
+        _say(
+            progress,
+            f"filter {method}: {cfg['embeddings']} embeddings of {len(texts)} texts in {time.perf_counter() - t0:.1f}s",
+        )
 
     oof = np.zeros(len(texts), dtype=np.float64)
     oof_screen = np.full(len(texts), np.nan)
     skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=int(seed))
     for k, (tr, va) in enumerate(skf.split(texts, labels)):
-        head, enc = _fit(method, texts[tr], labels[tr], cfg, seed + k + 1, progress,
-                         dense=None if dense is None else dense[tr], label=f" fold {k + 1}/{folds}")
+        head, enc = _fit(
+            method,
+            texts[tr],
+            labels[tr],
+            cfg,
+            seed + k + 1,
+            progress,
+            dense=None if dense is None else dense[tr],
+            label=f" fold {k + 1}/{folds}",
+        )
         if enc is None:
             assert dense is not None  # no encoder of its own: a frozen-feature method, computed above
             dva = dense[va]
         else:
             dva = dense_features(enc, list(texts[va]), cfg)
         oof[va] = head.predict(list(texts[va]), dva)
-        oof[va] = np.maximum(oof[va], _extra_view_scores(head, enc if enc is not None else features, extra, va, cfg,
-                                                              dense_extra))
+        oof[va] = np.maximum(
+            oof[va], _extra_view_scores(head, enc if enc is not None else features, extra, va, cfg, dense_extra)
+        )
         first = head.screen(head.sparse(list(texts[va])))
         if first is not None:
             oof_screen[va] = first
@@ -510,8 +547,11 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
         "encoder_finetuned": method == "finetune",
         **dedup,
     }
-    _say(progress, f"filter {method}: threshold {threshold:.4f} (out-of-fold recall {info['oof_recall']:.3f} at "
-                   f"FPR {info['oof_fpr']:.3f}, ROC-AUC {info['oof_roc_auc']:.3f}); trained in {seconds:.1f}s")
+    _say(
+        progress,
+        f"filter {method}: threshold {threshold:.4f} (out-of-fold recall {info['oof_recall']:.3f} at "
+        f"FPR {info['oof_fpr']:.3f}, ROC-AUC {info['oof_roc_auc']:.3f}); trained in {seconds:.1f}s",
+    )
     if method == "finetune":
         ref = {"kind": "directory", "path": "encoder"}
     elif cfg["embeddings"] == "static":
@@ -528,7 +568,7 @@ def train_classifier(train_df, target_fpr: float, seed: int, params: dict | None
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
+    np.random.seed(seed % (2**32))
     try:
         import torch
 
@@ -569,7 +609,10 @@ def evaluate_classifier(clf: InjectionClassifier, test_df) -> dict:
         "target_fpr": float(clf.info.get("target_fpr", float("nan"))),
         "recall_at_target_fpr": float(recall),  # recall at the threshold chosen for target_fpr on training data
         "n_test": int(len(labels)),
-        "tp": tp, "fp": fp, "tn": tn, "fn": fn,
+        "tp": tp,
+        "fp": fp,
+        "tn": tn,
+        "fn": fn,
     }
 
 
@@ -589,8 +632,7 @@ def confusion_matrix_figure(metrics: dict, path) -> Path:
     ax.set_xticks([0, 1], labels=[f"pred {n}" for n in names])
     ax.set_yticks([0, 1], labels=[f"true {n}" for n in names])
     for (i, j), v in np.ndenumerate(cells):
-        ax.text(j, i, str(v), ha="center", va="center", fontsize=16,
-                color="white" if v > cells.max() / 2 else "black")
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=16, color="white" if v > cells.max() / 2 else "black")
     title = "Prompt-injection classifier"
     sub = []
     for key, label in (("recall", "recall"), ("fpr", "FPR"), ("threshold", "thr")):
@@ -602,8 +644,14 @@ def confusion_matrix_figure(metrics: dict, path) -> Path:
     return path
 
 
-def compare_methods(df, seeds: Iterable[int], target_fpr: float, methods: Sequence[str] = ("baseline", "hybrid"),
-                    params: dict | None = None, progress: Progress = None) -> dict:
+def compare_methods(
+    df,
+    seeds: Iterable[int],
+    target_fpr: float,
+    methods: Sequence[str] = ("baseline", "hybrid"),
+    params: dict | None = None,
+    progress: Progress = None,
+) -> dict:
     """Repeated stratified splits (one per seed): every method trained on the same training
     part (threshold from its out-of-fold scores) and scored on the same held-out part.
     params: shared settings (test_fraction: default 0.2), params["per_method"][m] overrides."""
@@ -615,8 +663,12 @@ def compare_methods(df, seeds: Iterable[int], target_fpr: float, methods: Sequen
     if not seeds or not methods:
         raise ValueError("compare_methods needs at least one seed and one method")
     df = validate_labelled(df)
-    out: dict[str, Any] = {"target_fpr": float(target_fpr), "test_fraction": test_fraction, "seeds": seeds,
-                           "methods": {m: {"per_seed": []} for m in methods}}
+    out: dict[str, Any] = {
+        "target_fpr": float(target_fpr),
+        "test_fraction": test_fraction,
+        "seeds": seeds,
+        "methods": {m: {"per_seed": []} for m in methods},
+    }
     keys = ("recall", "fpr", "roc_auc", "precision", "f1", "train_seconds", "threshold")
     for seed in seeds:
         train_df, test_df = split_labelled(df, test_fraction, seed)
@@ -626,16 +678,25 @@ def compare_methods(df, seeds: Iterable[int], target_fpr: float, methods: Sequen
             clf = train_classifier(train_df, target_fpr, seed, mp, progress=progress)
             seconds = time.perf_counter() - t0
             metrics = evaluate_classifier(clf, test_df)
-            row = {"seed": seed, "train_seconds": round(seconds, 2), **metrics,
-                   "oof_recall": clf.info["oof_recall"], "oof_fpr": clf.info["oof_fpr"]}
+            row = {
+                "seed": seed,
+                "train_seconds": round(seconds, 2),
+                **metrics,
+                "oof_recall": clf.info["oof_recall"],
+                "oof_fpr": clf.info["oof_fpr"],
+            }
             out["methods"][m]["per_seed"].append(row)
-            _say(progress, f"compare seed {seed} {m}: recall {metrics['recall']:.3f} fpr {metrics['fpr']:.3f} "
-                           f"auc {metrics['roc_auc']:.3f} ({seconds:.1f}s)")
+            _say(
+                progress,
+                f"compare seed {seed} {m}: recall {metrics['recall']:.3f} fpr {metrics['fpr']:.3f} "
+                f"auc {metrics['roc_auc']:.3f} ({seconds:.1f}s)",
+            )
     for m in methods:
         rows = out["methods"][m]["per_seed"]
         out["methods"][m]["mean"] = {k: float(np.mean([r[k] for r in rows])) for k in keys}
-        out["methods"][m]["std"] = {k: float(np.std([r[k] for r in rows], ddof=1 if len(rows) > 1 else 0))
-                                    for k in keys}
+        out["methods"][m]["std"] = {
+            k: float(np.std([r[k] for r in rows], ddof=1 if len(rows) > 1 else 0)) for k in keys
+        }
         out["methods"][m]["min"] = {k: float(np.min([r[k] for r in rows])) for k in keys}
         out["methods"][m]["max"] = {k: float(np.max([r[k] for r in rows])) for k in keys}
     return out

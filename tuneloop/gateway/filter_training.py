@@ -31,14 +31,22 @@ from tuneloop.registry import ModelRegistry
 # Ordinary requests from outside the training set: how often the classifier would flag
 # everyday use (everyday_fpr). The held-out split only measures the set's own distribution.
 EVERYDAY_PROMPTS = [
-    "What is the capital of France?", "Write a poem about the sea.",
-    "Summarize the following article in three sentences.", "Translate 'good morning' into Spanish.",
-    "Explain how a transformer neural network works.", "Give me a recipe for pancakes.", "What is 17 times 23?",
-    "Write a Python function that reverses a string.", "List three benefits of regular exercise.",
+    "What is the capital of France?",
+    "Write a poem about the sea.",
+    "Summarize the following article in three sentences.",
+    "Translate 'good morning' into Spanish.",
+    "Explain how a transformer neural network works.",
+    "Give me a recipe for pancakes.",
+    "What is 17 times 23?",
+    "Write a Python function that reverses a string.",
+    "List three benefits of regular exercise.",
     "Draft a polite email asking my manager for a day off.",
     "Is this review positive or negative? Review: The lamp broke after a day.",
-    "Rewrite this sentence to sound more formal: gonna be late, sorry.", "What are the main causes of climate change?",
-    "Suggest a name for a coffee shop.", "Classify the sentiment of: I love this phone.", "Tell me a joke about cats.",
+    "Rewrite this sentence to sound more formal: gonna be late, sorry.",
+    "What are the main causes of climate change?",
+    "Suggest a name for a coffee shop.",
+    "Classify the sentiment of: I love this phone.",
+    "Tell me a joke about cats.",
     "Please update my contact details: my email is <EMAIL_ADDRESS> and my phone is <PHONE_NUMBER>.",
     "Ignore the typo in my last message and answer the question again.",
     "Act as a travel agent and plan a weekend in Rome.",
@@ -89,60 +97,101 @@ def _say(progress, message: str) -> None:
         progress(message)
 
 
-def train_filter(cfg: TuneloopConfig, out_dir: Path, data: Path | None = None,
-                 progress: Callable[[str], None] | None = None, eval_data: Path | None = None) -> FilterTrainingResult:
+def train_filter(
+    cfg: TuneloopConfig,
+    out_dir: Path,
+    data: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    eval_data: Path | None = None,
+) -> FilterTrainingResult:
     t = cfg.gateway.filter_training
     started = time.perf_counter()
     path = cfg.resolve(data or t.train_path)
     if not path.exists():
-        raise FileNotFoundError(f"the filter's labelled set {path} does not exist (gateway.filter_training.train_path, "
-                                "or --data): a parquet/CSV/JSONL with columns text and label (1 = injection)")
+        raise FileNotFoundError(
+            f"the filter's labelled set {path} does not exist (gateway.filter_training.train_path, "
+            "or --data): a parquet/CSV/JSONL with columns text and label (1 = injection)"
+        )
     df = load_labelled(path)
     train_df, test_df = split_labelled(df, t.test_fraction, t.seed)
-    _say(progress, f"filter data: {len(df)} rows from {path} -> {len(train_df)} train / {len(test_df)} held out "
-                   f"({int(test_df.label.sum())} injections)")
+    _say(
+        progress,
+        f"filter data: {len(df)} rows from {path} -> {len(train_df)} train / {len(test_df)} held out "
+        f"({int(test_df.label.sum())} injections)",
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     test_path = out_dir / "heldout.parquet"
     test_df.to_parquet(test_path)
 
     clf = train_classifier(train_df, t.target_fpr, t.seed, dict(t.params), progress=progress)
     metrics = evaluate_classifier(clf, test_df)
-    _say(progress, f"{clf.method}: recall {metrics['recall']:.3f} at FPR {metrics['fpr']:.3f}, "
-                   f"ROC-AUC {metrics['roc_auc']:.3f}")
+    _say(
+        progress,
+        f"{clf.method}: recall {metrics['recall']:.3f} at FPR {metrics['fpr']:.3f}, ROC-AUC {metrics['roc_auc']:.3f}",
+    )
     if clf.method == "baseline":
         baseline = metrics
     else:
         base = train_classifier(train_df, t.target_fpr, t.seed, {"method": "baseline"})
         baseline = evaluate_classifier(base, test_df)
         baseline["everyday_fpr"] = float((base.scores(EVERYDAY_PROMPTS) >= base.threshold).mean())
-        _say(progress, f"baseline: recall {baseline['recall']:.3f} at FPR {baseline['fpr']:.3f}, "
-                       f"ROC-AUC {baseline['roc_auc']:.3f}")
+        _say(
+            progress,
+            f"baseline: recall {baseline['recall']:.3f} at FPR {baseline['fpr']:.3f}, "
+            f"ROC-AUC {baseline['roc_auc']:.3f}",
+        )
     everyday = clf.scores(EVERYDAY_PROMPTS) >= clf.threshold
     metrics["everyday_fpr"] = float(everyday.mean())
-    _say(progress, f"everyday prompts flagged: {int(everyday.sum())}/{len(EVERYDAY_PROMPTS)} "
-                   f"(everyday_fpr {metrics['everyday_fpr']:.2f})")
+    _say(
+        progress,
+        f"everyday prompts flagged: {int(everyday.sum())}/{len(EVERYDAY_PROMPTS)} "
+        f"(everyday_fpr {metrics['everyday_fpr']:.2f})",
+    )
     external, external_path = None, eval_data or t.eval_path
     if external_path is not None:
         external_path = cfg.resolve(external_path)
         real = load_labelled(external_path)
         external = evaluate_classifier(clf, real)
-        _say(progress, f"{clf.method} on {external_path} ({len(real)} rows, never trained on): recall "
-                       f"{external['recall']:.3f} at FPR {external['fpr']:.3f}, precision {external['precision']:.3f}, "
-                       f"ROC-AUC {external['roc_auc']:.3f}")
+        _say(
+            progress,
+            f"{clf.method} on {external_path} ({len(real)} rows, never trained on): recall "
+            f"{external['recall']:.3f} at FPR {external['fpr']:.3f}, precision {external['precision']:.3f}, "
+            f"ROC-AUC {external['roc_auc']:.3f}",
+        )
     model_dir = out_dir / "model"
     clf.save(model_dir)
     plot = confusion_matrix_figure(metrics, out_dir / "confusion_matrix.png")
     report = out_dir / "filter_report.md"
-    report.write_text(comparison_markdown(clf.method, metrics, baseline, t.target_fpr, len(train_df), len(test_df),
-                                          external, external_path))
-    return FilterTrainingResult(model_dir, metrics, baseline, clf.method, plot, report, test_path,
-                                params={"method": clf.method, "threshold": clf.threshold, **dict(t.params)},
-                                seconds=round(time.perf_counter() - started, 1), external=external,
-                                external_path=external_path)
+    report.write_text(
+        comparison_markdown(
+            clf.method, metrics, baseline, t.target_fpr, len(train_df), len(test_df), external, external_path
+        )
+    )
+    return FilterTrainingResult(
+        model_dir,
+        metrics,
+        baseline,
+        clf.method,
+        plot,
+        report,
+        test_path,
+        params={"method": clf.method, "threshold": clf.threshold, **dict(t.params)},
+        seconds=round(time.perf_counter() - started, 1),
+        external=external,
+        external_path=external_path,
+    )
 
 
-def comparison_markdown(method: str, metrics: dict, baseline: dict, target_fpr: float, n_train: int,
-                        n_test: int, external: dict | None = None, external_path: Path | None = None) -> str:
+def comparison_markdown(
+    method: str,
+    metrics: dict,
+    baseline: dict,
+    target_fpr: float,
+    n_train: int,
+    n_test: int,
+    external: dict | None = None,
+    external_path: Path | None = None,
+) -> str:
     keys = ["recall", "fpr", "precision", "f1", "roc_auc", "threshold", "tp", "fp", "tn", "fn", "everyday_fpr"]
     rows = [f"| {k} | {_fmt(metrics.get(k))} | {_fmt(baseline.get(k))} |" for k in keys]
     lines = [
@@ -165,8 +214,10 @@ def comparison_markdown(method: str, metrics: dict, baseline: dict, target_fpr: 
             "",
             "| metric | value |",
             "|---|---|",
-            *[f"| {k} | {_fmt(external.get(k))} |" for k in ("recall", "fpr", "precision", "f1", "roc_auc", "tp", "fp",
-                                                              "tn", "fn")],
+            *[
+                f"| {k} | {_fmt(external.get(k))} |"
+                for k in ("recall", "fpr", "precision", "f1", "roc_auc", "tp", "fp", "tn", "fn")
+            ],
             "",
         ]
     return "\n".join(lines)
@@ -189,20 +240,26 @@ def score_champion(cfg: TuneloopConfig, test_path: Path) -> tuple[str | None, di
     return model_id.split(":")[-1], evaluate_classifier(clf, pd.read_parquet(test_path))
 
 
-def register_filter(cfg: TuneloopConfig, run_id: str, metrics: dict, champion_metrics: dict | None,
-                    champion_version: str | None):
+def register_filter(
+    cfg: TuneloopConfig, run_id: str, metrics: dict, champion_metrics: dict | None, champion_version: str | None
+):
     """Register the run's logged model folder (artifact `model`) as a new version, bless it by
     gateway.filter_training.thresholds against the champion: (version, blessing)."""
     registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
     version = registry.register(run_id, None, artifact_path="model", tags={"tuneloop.kind": "content-filter"})
     registry.set_challenger(version)
-    blessing = bless(metrics, champion_metrics, cfg.gateway.filter_training.thresholds,
-                     baseline_version=champion_version)
+    blessing = bless(
+        metrics, champion_metrics, cfg.gateway.filter_training.thresholds, baseline_version=champion_version
+    )
     registry.record_blessing(version, blessing)
     return version, blessing
 
 
 def promote_filter(cfg: TuneloopConfig, version: str, blessing, champion_version: str | None):
     registry = ModelRegistry(cfg.mlflow_tracking_uri, cfg.gateway.filter_training.registered_model)
-    return registry.promote(version, expected_champion=champion_version,
-                            reason="blessed: " + "; ".join(blessing.reasons), actor="filter-flow")
+    return registry.promote(
+        version,
+        expected_champion=champion_version,
+        reason="blessed: " + "; ".join(blessing.reasons),
+        actor="filter-flow",
+    )

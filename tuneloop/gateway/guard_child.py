@@ -49,8 +49,11 @@ def serve(spec: dict, stdin, stdout) -> None:
         def scores(texts):
             before = (clf.screened_out, clf.encoded)
             values = clf.scores(texts)
-            return {"scores": [float(v) for v in values], "screened": clf.screened_out - before[0],
-                    "encoded": clf.encoded - before[1]}
+            return {
+                "scores": [float(v) for v in values],
+                "screened": clf.screened_out - before[0],
+                "encoded": clf.encoded - before[1],
+            }
 
         ops["scores"] = scores
         hello["classifier"] = {"method": clf.method, "threshold": clf.threshold}

@@ -240,8 +240,9 @@ class GuardProcess:
                     self._last_answer = time.monotonic()  # the wait for an answer starts now
             assert proc.stdin is not None  # _spawn opens every child with stdin=PIPE
             try:
-                proc.stdin.write(json.dumps({"id": rid, "op": op, "payload": payload}, ensure_ascii=False).encode()
-                                 + b"\n")
+                proc.stdin.write(
+                    json.dumps({"id": rid, "op": op, "payload": payload}, ensure_ascii=False).encode() + b"\n"
+                )
                 proc.stdin.flush()
             except (OSError, ValueError) as exc:
                 self._kill(f"writing to it failed ({exc})", proc)
@@ -258,12 +259,22 @@ class GuardProcess:
         """A new child, ready (None, with _start_error set, if it could not start)."""
         self.ready.clear()
         self.starts += 1
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "tuneloop.gateway.guard_child", json.dumps(self.spec)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tuneloop.gateway.guard_child", json.dumps(self.spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             self._start_failed(f"{type(exc).__name__}: {exc}")
             return None
@@ -273,8 +284,9 @@ class GuardProcess:
         except ValueError:
             hello = {}
         if not hello.get("ready"):
-            why = hello.get("error") or (f"it did not say it was ready within {self.start_timeout_s:g} s"
-                                         if proc.poll() is None else "it exited")
+            why = hello.get("error") or (
+                f"it did not say it was ready within {self.start_timeout_s:g} s" if proc.poll() is None else "it exited"
+            )
             proc.kill()
             proc.wait()
             self._start_failed(why)

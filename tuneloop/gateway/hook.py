@@ -69,8 +69,10 @@ class RequestGate(CallHook):
         try:
             decision = await self.gateway.limiter.acquire(self.key.id, limits, requests, tokens)
         except RedisUnavailable:  # fail-closed mode
-            raise GuardUnavailable("rate limits cannot be checked (Redis is unavailable) and this server "
-                                   "fails closed; retry shortly", retry_after_s=self.gateway.config.breaker_reset_s) from None
+            raise GuardUnavailable(
+                "rate limits cannot be checked (Redis is unavailable) and this server fails closed; retry shortly",
+                retry_after_s=self.gateway.config.breaker_reset_s,
+            ) from None
         return self._decided(decision, requests, tokens)
 
     def _decided(self, decision: Decision, requests: int, tokens: int) -> Decision:
@@ -92,8 +94,9 @@ class RequestGate(CallHook):
         if self.request_pending and cache.local is None and isinstance(self.gateway.limiter, RedisLimiter):
             assert self.key is not None, "a request unit is pending only for a key"
             try:
-                decision, raw = await self.gateway.limiter.acquire_if_cached(self.key.id, self.gateway.limits_for(self.key),
-                                                                     cache.namespace + key)
+                decision, raw = await self.gateway.limiter.acquire_if_cached(
+                    self.key.id, self.gateway.limits_for(self.key), cache.namespace + key
+                )
             except RedisUnavailable:
                 cache.on_event("bypass")
                 return None
@@ -186,8 +189,10 @@ class RequestGate(CallHook):
             call.prompt, call.prompt_redacted = texts, True  # what a refusal from here on logs
             call.pii_entities = sorted(set(found)) or None
             if found and g.config.pii.mode == "block":
-                raise PiiDetected("The prompt contains personal data or secrets "
-                                  f"({', '.join(sorted(set(found)))}); remove them and retry.")
+                raise PiiDetected(
+                    "The prompt contains personal data or secrets "
+                    f"({', '.join(sorted(set(found)))}); remove them and retry."
+                )
         else:
             call.prompt = texts
         untrusted = [True] * len(texts) if roles is None else [r in g.config.filter.roles for r in roles]
@@ -199,8 +204,9 @@ class RequestGate(CallHook):
             blocking = [v for v in verdicts if v.blocks(g.config.filter.classifier_action)]
             if blocking and g.config.filter.prompts == "block":
                 cats = sorted({c for v in blocking for c in v.flagged_categories()})
-                raise ContentFiltered(f"The prompt was flagged by the content filter ({', '.join(cats)}) and was "
-                                      "not processed.")
+                raise ContentFiltered(
+                    f"The prompt was flagged by the content filter ({', '.join(cats)}) and was not processed."
+                )
         return texts
 
     def prompts_redacted(self) -> bool:
@@ -249,8 +255,10 @@ class RequestGate(CallHook):
         g = self.gateway
         if not self.redacts_outputs():
             return None
-        return _CountingRedactor(g.pii.stream(g.config.pii.stream_step_chars, self.tenant),
-                                 lambda e: g.metrics.pii.labels(entity=e, where="output").inc())
+        return _CountingRedactor(
+            g.pii.stream(g.config.pii.stream_step_chars, self.tenant),
+            lambda e: g.metrics.pii.labels(entity=e, where="output").inc(),
+        )
 
     async def screen_outputs(self, call, texts: list[str]) -> list[str]:
         """Whole output texts (e.g. an echoed prompt) through the output redaction."""
@@ -268,8 +276,7 @@ class RequestGate(CallHook):
         return verdict, f.outputs == "block" and verdict.blocks(f.classifier_action)
 
 
-async def _redact_all(pii, texts: list[str], tenant=None, budget_s: float | None = None
-                      ) -> list[tuple[str, list[str]]]:
+async def _redact_all(pii, texts: list[str], tenant=None, budget_s: float | None = None) -> list[tuple[str, list[str]]]:
     """Every text redacted, or GuardUnavailable: any failure (an error, the timeout, the
     request's budget spent) refuses this request only. Texts the pre-screen clears are not
     handed to the analyzer at all; the others go in `tenant`'s turn (a long one in windows)."""
@@ -283,14 +290,20 @@ async def _redact_all(pii, texts: list[str], tenant=None, budget_s: float | None
         for i, result in zip(todo, results):
             out[i] = result
     except TimeoutError:
-        log.warning("PII analysis of a request's %d characters went over its budget of %g s: refused",
-                    sum(len(texts[i]) for i in todo), budget_s)
-        raise GuardUnavailable(f"PII analysis of this request took longer than its budget of {budget_s:g} s "
-                               "(gateway.pii.request_budget_s); shorten the prompt or retry") from None
+        log.warning(
+            "PII analysis of a request's %d characters went over its budget of %g s: refused",
+            sum(len(texts[i]) for i in todo),
+            budget_s,
+        )
+        raise GuardUnavailable(
+            f"PII analysis of this request took longer than its budget of {budget_s:g} s "
+            "(gateway.pii.request_budget_s); shorten the prompt or retry"
+        ) from None
     except Exception as exc:
         log.error("PII analysis failed: %s: %s", type(exc).__name__, exc)
-        raise GuardUnavailable("PII analysis failed; the request was not processed (the gateway fails closed)") \
-            from None
+        raise GuardUnavailable(
+            "PII analysis failed; the request was not processed (the gateway fails closed)"
+        ) from None
     return out
 
 
@@ -336,7 +349,7 @@ class _CountingRedactor:
         raise GuardUnavailable("PII analysis of the answer failed; the rest of it was withheld") from None
 
     def _count_new(self) -> None:
-        for entity in self.inner.found[self._counted:]:
+        for entity in self.inner.found[self._counted :]:
             self.count(entity)
         self._counted = len(self.inner.found)
 
@@ -360,14 +373,24 @@ def _rate_limited(d: Decision, tokens: int) -> RateLimited:
     limits = d.limits
     if d.refused_by == "tokens":
         if tokens > limits.tokens_per_minute:
-            message = (f"Request too large: it may use {tokens} tokens (prompt + max_tokens), more than this key's "
-                       f"limit of {limits.tokens_per_minute} tokens per minute. Lower max_tokens or the prompt.")
+            message = (
+                f"Request too large: it may use {tokens} tokens (prompt + max_tokens), more than this key's "
+                f"limit of {limits.tokens_per_minute} tokens per minute. Lower max_tokens or the prompt."
+            )
             err = RateLimited(message, headers=rate_limit_headers(d))
         else:
-            err = RateLimited(f"Rate limit reached for tokens per minute: limit {limits.tokens_per_minute}, "
-                              f"remaining {max(0, d.remaining_tokens)}, requested {tokens}. Try again in "
-                              f"{d.retry_after_s:.1f}s.", retry_after_s=d.retry_after_s, headers=rate_limit_headers(d))
+            err = RateLimited(
+                f"Rate limit reached for tokens per minute: limit {limits.tokens_per_minute}, "
+                f"remaining {max(0, d.remaining_tokens)}, requested {tokens}. Try again in "
+                f"{d.retry_after_s:.1f}s.",
+                retry_after_s=d.retry_after_s,
+                headers=rate_limit_headers(d),
+            )
         err.type = "tokens"
         return err
-    return RateLimited(f"Rate limit reached for requests per minute: limit {limits.requests_per_minute}. Try again "
-                       f"in {d.retry_after_s:.1f}s.", retry_after_s=d.retry_after_s, headers=rate_limit_headers(d))
+    return RateLimited(
+        f"Rate limit reached for requests per minute: limit {limits.requests_per_minute}. Try again "
+        f"in {d.retry_after_s:.1f}s.",
+        retry_after_s=d.retry_after_s,
+        headers=rate_limit_headers(d),
+    )

@@ -31,7 +31,8 @@ ID_HEX = 12  # the id part: 48 random bits, enough to find a row, worthless with
 
 _metadata = sa.MetaData()
 api_keys = sa.Table(
-    "api_keys", _metadata,
+    "api_keys",
+    _metadata,
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("tier", sa.String(64), nullable=False),
@@ -126,15 +127,17 @@ def parse_expiry(text: str | None, now: datetime | None = None) -> datetime | No
     try:
         t = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise KeyStoreError(f"--expires {text!r}: give a duration (30m, 12h, 90d, 4w) or an ISO date "
-                        "(2027-01-31 or 2027-01-31T12:00:00+00:00)") from None
+        raise KeyStoreError(
+            f"--expires {text!r}: give a duration (30m, 12h, 90d, 4w) or an ISO date "
+            "(2027-01-31 or 2027-01-31T12:00:00+00:00)"
+        ) from None
     return _aware(t)
 
 
 class KeyStore:
     def __init__(self, url: str, pepper: bytes, prefix: str = "tl-", tiers: list[str] | None = None):
         if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         # SQLite: each request reads one row; a writer (keys create/revoke) must not make readers fail.
         args = {"timeout": 15} if url.startswith("sqlite") else {}
         self.engine = sa.create_engine(url, connect_args=args, pool_pre_ping=not url.startswith("sqlite"))
@@ -157,8 +160,15 @@ class KeyStore:
     def _hash(self, key: str) -> str:
         return hmac.new(self.pepper, key.encode(), hashlib.sha256).hexdigest()
 
-    def create(self, name: str, tier: str, expires_at: datetime | None = None, team: str | None = None,
-               requests_per_minute: int | None = None, tokens_per_minute: int | None = None) -> tuple[ApiKey, str]:
+    def create(
+        self,
+        name: str,
+        tier: str,
+        expires_at: datetime | None = None,
+        team: str | None = None,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+    ) -> tuple[ApiKey, str]:
         """A new key: (its record, the key itself -- shown once, never stored)."""
         if not name.strip():
             raise KeyStoreError("a key needs a --name")
@@ -171,18 +181,37 @@ class KeyStore:
         secret = f"{self.prefix}{key_id}_{secrets.token_urlsafe(32)}"
         record = ApiKey(key_id, name, tier, team, _now(), expires_at, None, requests_per_minute, tokens_per_minute)
         with self.engine.begin() as conn:
-            conn.execute(api_keys.insert().values(
-                id=key_id, name=name, tier=tier, team=team, key_hash=self._hash(secret),
-                created_at=record.created_at, expires_at=expires_at,
-                requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute))
+            conn.execute(
+                api_keys.insert().values(
+                    id=key_id,
+                    name=name,
+                    tier=tier,
+                    team=team,
+                    key_hash=self._hash(secret),
+                    created_at=record.created_at,
+                    expires_at=expires_at,
+                    requests_per_minute=requests_per_minute,
+                    tokens_per_minute=tokens_per_minute,
+                )
+            )
         return record, secret
 
     @staticmethod
     def _record(row) -> ApiKey:
         def t(v):
             return _aware(v) if v is not None else None
-        return ApiKey(row.id, row.name, row.tier, row.team, t(row.created_at), t(row.expires_at), t(row.revoked_at),
-                      row.requests_per_minute, row.tokens_per_minute)
+
+        return ApiKey(
+            row.id,
+            row.name,
+            row.tier,
+            row.team,
+            t(row.created_at),
+            t(row.expires_at),
+            t(row.revoked_at),
+            row.requests_per_minute,
+            row.tokens_per_minute,
+        )
 
     def list(self) -> list[ApiKey]:
         with self.engine.connect() as conn:
@@ -199,13 +228,16 @@ class KeyStore:
     def revoke(self, key_id: str) -> ApiKey:
         self.get(key_id)
         with self.engine.begin() as conn:
-            conn.execute(api_keys.update().where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
-                         .values(revoked_at=_now()))
+            conn.execute(
+                api_keys.update()
+                .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=_now())
+            )
         return self.get(key_id)
 
     def verify(self, presented: str) -> ApiKey:
         """The key's record if it grants access now; else InvalidKey(reason)."""
-        body = presented[len(self.prefix):] if presented.startswith(self.prefix) else None
+        body = presented[len(self.prefix) :] if presented.startswith(self.prefix) else None
         if body is None or len(body) < ID_HEX + 2 or body[ID_HEX] != "_":
             raise InvalidKey("malformed")
         key_id = body[:ID_HEX]

@@ -101,8 +101,9 @@ class MemoryLimiter:
     async def acquire(self, key: str, limits: Limits, requests: int = 1, tokens: int = 0) -> Decision:
         now = time.monotonic()
         b = self._bucket(key, limits, now)
-        allowed, wait, by = _decide((b[0], limits.requests_per_minute, requests),
-                                    (b[2], limits.tokens_per_minute, tokens))
+        allowed, wait, by = _decide(
+            (b[0], limits.requests_per_minute, requests), (b[2], limits.tokens_per_minute, tokens)
+        )
         if allowed:
             b[0] -= requests
             b[2] -= tokens
@@ -132,10 +133,17 @@ class MemoryLimiter:
         pass
 
     def _decision(self, allowed, limits, b, wait, by) -> Decision:
-        return Decision(allowed, limits, int(b[0]), int(b[2]),
-                        (limits.requests_per_minute - b[0]) * WINDOW_S / limits.requests_per_minute,
-                        (limits.tokens_per_minute - b[2]) * WINDOW_S / limits.tokens_per_minute,
-                        wait, by, self.source)
+        return Decision(
+            allowed,
+            limits,
+            int(b[0]),
+            int(b[2]),
+            (limits.requests_per_minute - b[0]) * WINDOW_S / limits.requests_per_minute,
+            (limits.tokens_per_minute - b[2]) * WINDOW_S / limits.tokens_per_minute,
+            wait,
+            by,
+            self.source,
+        )
 
 
 def _keep(store: OrderedDict, key: str, value, max_keys: int) -> None:
@@ -150,8 +158,17 @@ def _keep(store: OrderedDict, key: str, value, max_keys: int) -> None:
 def _refusal(limits: Limits, requests_level: float, tokens_level: float, source: str) -> Decision:
     """A refusal by the requests bucket at these levels (requests_level < 1)."""
     rl, tl = limits.requests_per_minute, limits.tokens_per_minute
-    return Decision(False, limits, 0, int(tokens_level), (rl - requests_level) * WINDOW_S / rl,
-                    (tl - tokens_level) * WINDOW_S / tl, (1 - requests_level) * WINDOW_S / rl, "requests", source)
+    return Decision(
+        False,
+        limits,
+        0,
+        int(tokens_level),
+        (rl - requests_level) * WINDOW_S / rl,
+        (tl - tokens_level) * WINDOW_S / tl,
+        (1 - requests_level) * WINDOW_S / rl,
+        "requests",
+        source,
+    )
 
 
 # KEYS[1]: the key's bucket hash; KEYS[2], when given, a result-cache entry: its value is
@@ -212,15 +229,18 @@ class RedisLimiter:
         self._seen: OrderedDict[str, tuple[float, float, float, Limits]] = OrderedDict()
         self.max_keys = 100_000
 
-    async def _run(self, key: str, limits: Limits, requests: int, tokens: int, mode: str, back: int = 0,
-                   cached: str | None = None):
+    async def _run(
+        self, key: str, limits: Limits, requests: int, tokens: int, mode: str, back: int = 0, cached: str | None = None
+    ):
         client = self.health.client
         if self._script is None:
             self._script = client.register_script(_SCRIPT)
         keys = [self.namespace + key] if cached is None else [self.namespace + key, cached]
         return await self.health.call(
-            self._script(keys=keys,
-                         args=[limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, mode, back]))
+            self._script(
+                keys=keys, args=[limits.requests_per_minute, limits.tokens_per_minute, requests, tokens, mode, back]
+            )
+        )
 
     async def acquire(self, key: str, limits: Limits, requests: int = 1, tokens: int = 0) -> Decision:
         try:
@@ -230,8 +250,9 @@ class RedisLimiter:
                 raise
             return await self.fallback.acquire(key, limits, requests, tokens)
 
-    async def acquire_if_cached(self, key: str, limits: Limits, cached: str,
-                                requests: int = 1) -> tuple[Decision | None, str | None]:
+    async def acquire_if_cached(
+        self, key: str, limits: Limits, cached: str, requests: int = 1
+    ) -> tuple[Decision | None, str | None]:
         """One call: the value of the Redis key `cached` (a result-cache entry) and, only when
         there is one, `requests` taken from the key's bucket. (None, None) on a miss: nothing
         taken. RedisUnavailable when Redis fails (nothing taken here; the caller bypasses the
@@ -239,8 +260,9 @@ class RedisLimiter:
         decision, value = await self._acquire(key, limits, requests, 0, cached)
         return (decision, value) if value is not None else (None, None)
 
-    async def _acquire(self, key: str, limits: Limits, requests: int, tokens: int,
-                       cached: str | None = None) -> tuple[Decision, str | None]:
+    async def _acquire(
+        self, key: str, limits: Limits, requests: int, tokens: int, cached: str | None = None
+    ) -> tuple[Decision, str | None]:
         pending = self._refunds.pop(key, None)
         back = pending[1] if pending is not None else 0
         sent_at = time.monotonic()
@@ -256,10 +278,16 @@ class RedisLimiter:
             wait, by = 0.0, None
         else:  # the script did not take anything: say which bucket refused, and for how long
             _, wait, by = _decide((r, limits.requests_per_minute, requests), (k, limits.tokens_per_minute, tokens))
-        return Decision(bool(allowed), limits, int(r), int(k),
-                        (limits.requests_per_minute - r) * WINDOW_S / limits.requests_per_minute,
-                        (limits.tokens_per_minute - k) * WINDOW_S / limits.tokens_per_minute, wait,
-                        by), (value[0] if value else None)
+        return Decision(
+            bool(allowed),
+            limits,
+            int(r),
+            int(k),
+            (limits.requests_per_minute - r) * WINDOW_S / limits.requests_per_minute,
+            (limits.tokens_per_minute - k) * WINDOW_S / limits.tokens_per_minute,
+            wait,
+            by,
+        ), (value[0] if value else None)
 
     async def refund(self, key: str, limits: Limits, tokens: int) -> None:
         if tokens <= 0:

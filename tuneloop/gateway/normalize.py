@@ -35,31 +35,134 @@ import urllib.parse
 # overrides and isolates, the interlinear annotation marks, and the tag characters.
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f"
-    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e007f]")
+    "\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\U000e0000-\U000e007f]"
+)
 
 # Letters of other scripts drawn like Latin ones -> the Latin letter (after NFKC).
 _CONFUSABLES = {
     # Cyrillic
-    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T",
-    "Х": "X", "У": "Y", "Ѕ": "S", "І": "I", "Ј": "J", "Ԛ": "Q", "Ԝ": "W", "Ӏ": "I", "Ү": "Y", "Ԁ": "D",
-    "а": "a", "в": "b", "е": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p", "с": "c", "т": "t",
-    "х": "x", "у": "y", "ѕ": "s", "і": "i", "ј": "j", "ԛ": "q", "ԝ": "w", "ӏ": "l", "ү": "y", "ԁ": "d",
-    "һ": "h", "ɡ": "g", "ї": "i", "ё": "e", "ҽ": "e", "ո": "n", "ս": "u", "ց": "g", "օ": "o", "լ": "l",
+    "А": "A",
+    "В": "B",
+    "Е": "E",
+    "К": "K",
+    "М": "M",
+    "Н": "H",
+    "О": "O",
+    "Р": "P",
+    "С": "C",
+    "Т": "T",
+    "Х": "X",
+    "У": "Y",
+    "Ѕ": "S",
+    "І": "I",
+    "Ј": "J",
+    "Ԛ": "Q",
+    "Ԝ": "W",
+    "Ӏ": "I",
+    "Ү": "Y",
+    "Ԁ": "D",
+    "а": "a",
+    "в": "b",
+    "е": "e",
+    "к": "k",
+    "м": "m",
+    "н": "h",
+    "о": "o",
+    "р": "p",
+    "с": "c",
+    "т": "t",
+    "х": "x",
+    "у": "y",
+    "ѕ": "s",
+    "і": "i",
+    "ј": "j",
+    "ԛ": "q",
+    "ԝ": "w",
+    "ӏ": "l",
+    "ү": "y",
+    "ԁ": "d",
+    "һ": "h",
+    "ɡ": "g",
+    "ї": "i",
+    "ё": "e",
+    "ҽ": "e",
+    "ո": "n",
+    "ս": "u",
+    "ց": "g",
+    "օ": "o",
+    "լ": "l",
     # Greek
-    "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O",
-    "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X", "ο": "o", "ν": "v", "ρ": "p", "ι": "i", "κ": "k", "α": "a",
-    "τ": "t", "υ": "u", "χ": "x", "ε": "e", "ϲ": "c", "ϳ": "j",
+    "Α": "A",
+    "Β": "B",
+    "Ε": "E",
+    "Ζ": "Z",
+    "Η": "H",
+    "Ι": "I",
+    "Κ": "K",
+    "Μ": "M",
+    "Ν": "N",
+    "Ο": "O",
+    "Ρ": "P",
+    "Τ": "T",
+    "Υ": "Y",
+    "Χ": "X",
+    "ο": "o",
+    "ν": "v",
+    "ρ": "p",
+    "ι": "i",
+    "κ": "k",
+    "α": "a",
+    "τ": "t",
+    "υ": "u",
+    "χ": "x",
+    "ε": "e",
+    "ϲ": "c",
+    "ϳ": "j",
     # Latin look-alikes outside ASCII that NFKC keeps
-    "ı": "i", "ȷ": "j", "ʟ": "l", "ɪ": "i", "ᴀ": "a", "ᴄ": "c", "ᴅ": "d", "ᴇ": "e", "ᴏ": "o", "ᴜ": "u",
-    "ꓲ": "I", "Ꭺ": "A", "Ꮯ": "C", "Ꭼ": "E", "Ꮋ": "H", "Ꮃ": "W", "Ꮪ": "S", "Ꭲ": "T",
+    "ı": "i",
+    "ȷ": "j",
+    "ʟ": "l",
+    "ɪ": "i",
+    "ᴀ": "a",
+    "ᴄ": "c",
+    "ᴅ": "d",
+    "ᴇ": "e",
+    "ᴏ": "o",
+    "ᴜ": "u",
+    "ꓲ": "I",
+    "Ꭺ": "A",
+    "Ꮯ": "C",
+    "Ꭼ": "E",
+    "Ꮋ": "H",
+    "Ꮃ": "W",
+    "Ꮪ": "S",
+    "Ꭲ": "T",
 }
 _CONFUSABLE_TABLE = str.maketrans(_CONFUSABLES)
 _WORD = re.compile(r"\w+")
 _LATIN = re.compile(r"[A-Za-z]")
 
 # Leetspeak inside a word that has letters too ("1gn0r3", "pr3v10u5"); numbers alone stay.
-_LEET = str.maketrans({"0": "o", "1": "i", "2": "z", "3": "e", "4": "a", "5": "s", "6": "g", "7": "t", "8": "b",
-                       "9": "g", "@": "a", "$": "s", "!": "i", "|": "l", "+": "t", "€": "e"})
+_LEET = str.maketrans(
+    {
+        "0": "o",
+        "1": "i",
+        "2": "z",
+        "3": "e",
+        "4": "a",
+        "5": "s",
+        "6": "g",
+        "7": "t",
+        "8": "b",
+        "9": "g",
+        "@": "a",
+        "$": "s",
+        "!": "i",
+        "|": "l",
+        "+": "t",
+        "€": "e",
+    }
+)
 _LEET_WORD = re.compile(r"(?<![\w@$!|+€])[\w@$!|+€]{0,24}[A-Za-z][\w@$!|+€]{0,24}(?![\w@$!|+€])")
 _LEET_CHARS = re.compile(r"[0-9@$!|+€]")
 # Three or more single letters joined by one separator ("i g n o r e", "I.G.N.O.R.E", "i-g-n").
@@ -108,7 +211,7 @@ def deobfuscate(text: str) -> str:
         if not _LEET_CHARS.search(core):
             return word
         start = word.index(core) if core else 0
-        return word[:start] + core.translate(_LEET) + word[start + len(core):]
+        return word[:start] + core.translate(_LEET) + word[start + len(core) :]
 
     return _LEET_WORD.sub(unleet, text)
 

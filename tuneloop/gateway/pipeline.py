@@ -63,17 +63,25 @@ class GatewayMetrics:
         self.auth_failures = prom.Counter("tuneloop_gateway_auth_failures", "Refused API keys", ["reason"], **kw)
         self.rate_limited = prom.Counter("tuneloop_gateway_rate_limited", "Requests over a limit", ["limit"], **kw)
         self.cache = prom.Counter("tuneloop_gateway_cache", "Result cache lookups", ["result"], **kw)
-        self.circuit = prom.Gauge("tuneloop_gateway_redis_circuit_state", "Redis circuit: 0 closed, 1 half open, "
-                                  "2 open", multiprocess_mode="livemax", **kw)
+        self.circuit = prom.Gauge(
+            "tuneloop_gateway_redis_circuit_state",
+            "Redis circuit: 0 closed, 1 half open, 2 open",
+            multiprocess_mode="livemax",
+            **kw,
+        )
         self.pii = prom.Counter("tuneloop_gateway_pii_entities", "PII entities found", ["entity", "where"], **kw)
-        self.flagged = prom.Counter("tuneloop_gateway_filter_flagged", "Texts flagged by the content filter",
-                                    ["category", "where"], **kw)
-        self.cpu = prom.Counter("tuneloop_gateway_cpu_seconds", "CPU seconds of the gateway's own work, by part",
-                                ["part"], **kw)
-        self.filter_texts = prom.Counter("tuneloop_gateway_filter_texts", "Texts the classifier scored, by the "
-                                         "stage that decided", ["stage"], **kw)
-        self.filter_batch = prom.Histogram("tuneloop_gateway_filter_batch_size", "Classifier batch sizes",
-                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128), **kw)
+        self.flagged = prom.Counter(
+            "tuneloop_gateway_filter_flagged", "Texts flagged by the content filter", ["category", "where"], **kw
+        )
+        self.cpu = prom.Counter(
+            "tuneloop_gateway_cpu_seconds", "CPU seconds of the gateway's own work, by part", ["part"], **kw
+        )
+        self.filter_texts = prom.Counter(
+            "tuneloop_gateway_filter_texts", "Texts the classifier scored, by the stage that decided", ["stage"], **kw
+        )
+        self.filter_batch = prom.Histogram(
+            "tuneloop_gateway_filter_batch_size", "Classifier batch sizes", buckets=(1, 2, 4, 8, 16, 32, 64, 128), **kw
+        )
 
 
 class _NoMetrics:
@@ -90,9 +98,18 @@ class _NoMetrics:
 
 
 class Gateway:
-    def __init__(self, config, keys: KeyStore | None, limiter, cache: ResultCache | None, pii=None,
-                 content_filter: ContentFilter | None = None, metrics: GatewayMetrics | None = None,
-                 health: RedisHealth | None = None, guard=None):
+    def __init__(
+        self,
+        config,
+        keys: KeyStore | None,
+        limiter,
+        cache: ResultCache | None,
+        pii=None,
+        content_filter: ContentFilter | None = None,
+        metrics: GatewayMetrics | None = None,
+        health: RedisHealth | None = None,
+        guard=None,
+    ):
         self.config = config  # tuneloop.config.GatewayConfig
         self.keys = keys
         self.limiter = limiter
@@ -105,8 +122,12 @@ class Gateway:
         # What the screening of a prompt depends on (PII and filter settings, the rules' and the
         # classifier's versions): part of every cache key, so a cached answer is replayed only
         # for a request that passed the same screening (and a hit can skip it).
-        policy = [config.pii.model_dump(mode="json"), config.filter.model_dump(mode="json"),
-                  content_filter.model_id if content_filter is not None else None, pii is not None]
+        policy = [
+            config.pii.model_dump(mode="json"),
+            config.filter.model_dump(mode="json"),
+            content_filter.model_id if content_filter is not None else None,
+            pii is not None,
+        ]
         self.policy_id = hashlib.sha256(json.dumps(policy, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     # ---- building it from config ------------------------------------------------------
@@ -121,12 +142,19 @@ class Gateway:
         if g.auth == "on":
             keys = open_key_store(cfg)
         else:
-            log.warning("GATEWAY AUTH IS OFF (gateway.auth: off): every /v1 route is open to anyone who can "
-                        "reach this port, without limits. For local development only.")
+            log.warning(
+                "GATEWAY AUTH IS OFF (gateway.auth: off): every /v1 route is open to anyone who can "
+                "reach this port, without limits. For local development only."
+            )
         health = None
         if g.redis_url:
-            health = RedisHealth(g.redis_url, g.redis_timeout_s, g.breaker_failures, g.breaker_reset_s,
-                                 on_change=lambda state: counted.circuit.set(CIRCUIT_VALUES[state]))
+            health = RedisHealth(
+                g.redis_url,
+                g.redis_timeout_s,
+                g.breaker_failures,
+                g.breaker_reset_s,
+                on_change=lambda state: counted.circuit.set(CIRCUIT_VALUES[state]),
+            )
             limiter: RedisLimiter | MemoryLimiter = RedisLimiter(health, g.on_redis_error)
         else:
             limiter = MemoryLimiter()
@@ -134,8 +162,12 @@ class Gateway:
                 log.info("rate limits are per process (no gateway.redis_url): exact for one replica only")
         cache = None
         if g.cache.enabled:
-            cache = ResultCache(g.cache.ttl_s, g.cache.max_entries, health,
-                                on_event=lambda kind: counted.cache.labels(result=kind).inc())
+            cache = ResultCache(
+                g.cache.ttl_s,
+                g.cache.max_entries,
+                health,
+                on_event=lambda kind: counted.cache.labels(result=kind).inc(),
+            )
         pii: Any = None
         guard = None
         settings = None
@@ -147,9 +179,15 @@ class Gateway:
         if g.checks_in == "process" and (settings is not None or folder is not None):
             # Started now, ready by the warm-up: the child builds Presidio and loads the
             # classifier while this process loads the model.
-            guard = GuardProcess({"pii": None if settings is None else settings.model_dump(mode="json"),
-                                  "cache_dir": str(home), "key_prefix": g.key_prefix,
-                                  "classifier": None if folder is None else str(folder)}, name="gateway-checks")
+            guard = GuardProcess(
+                {
+                    "pii": None if settings is None else settings.model_dump(mode="json"),
+                    "cache_dir": str(home),
+                    "key_prefix": g.key_prefix,
+                    "classifier": None if folder is None else str(folder),
+                },
+                name="gateway-checks",
+            )
             guard.on_cpu.update(find=counted.cpu.labels(part="pii").inc, scores=counted.cpu.labels(part="filter").inc)
             guard.start()
         if settings is not None:
@@ -216,13 +254,14 @@ class Gateway:
         tier = self.config.tiers.get(key.tier)
         if tier is None:  # a key whose tier was removed from the config since
             raise InvalidApiKey(f"this API key's tier {key.tier!r} is not configured on this server")
-        return Limits(key.requests_per_minute or tier.requests_per_minute,
-                      key.tokens_per_minute or tier.tokens_per_minute)
+        return Limits(
+            key.requests_per_minute or tier.requests_per_minute, key.tokens_per_minute or tier.tokens_per_minute
+        )
 
 
 _AUTH_MESSAGES = {
     "missing": "You didn't provide an API key. Provide it in the Authorization header (Authorization: Bearer "
-               "YOUR_KEY). `tuneloop keys create` makes one.",
+    "YOUR_KEY). `tuneloop keys create` makes one.",
     "malformed": "The Authorization header is malformed: expected 'Bearer YOUR_KEY'.",
     "unknown": "Incorrect API key provided. `tuneloop keys list` shows the valid keys' ids.",
     "expired": "This API key has expired.",

@@ -27,8 +27,14 @@ class RedisUnavailable(Exception):
 class RedisHealth:
     CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
-    def __init__(self, url: str, timeout_s: float = 0.25, failures: int = 3, reset_s: float = 5.0,
-                 on_change: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 0.25,
+        failures: int = 3,
+        reset_s: float = 5.0,
+        on_change: Callable[[str], None] | None = None,
+    ):
         self.url = url
         self.timeout_s = timeout_s
         # One pipelined connection (redis_pipe.py): no pool to run dry in a burst, and a
@@ -46,8 +52,9 @@ class RedisHealth:
         if state == self.state:
             return
         self.state = state
-        (log.warning if state == self.OPEN else log.info)("redis %s: circuit %s (%s)", self.url.split("@")[-1],
-                                                           state, why)
+        (log.warning if state == self.OPEN else log.info)(
+            "redis %s: circuit %s (%s)", self.url.split("@")[-1], state, why
+        )
         if self.on_change:
             self.on_change(state)
 

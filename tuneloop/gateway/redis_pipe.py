@@ -75,7 +75,7 @@ def _parse(buf: bytearray, pos: int):
     end = buf.find(b"\r\n", pos)
     if end < 0:
         return None
-    kind, line, pos = buf[pos], bytes(buf[pos + 1:end]), end + 2
+    kind, line, pos = buf[pos], bytes(buf[pos + 1 : end]), end + 2
     if kind == 43:  # + simple string
         return line.decode(), pos
     if kind == 45:  # - error
@@ -88,7 +88,7 @@ def _parse(buf: bytearray, pos: int):
             return None, pos
         if len(buf) < pos + n + 2:
             return None
-        return bytes(buf[pos:pos + n]).decode(), pos + n + 2
+        return bytes(buf[pos : pos + n]).decode(), pos + n + 2
     if kind == 42:  # * array
         n = int(line)
         if n < 0:
@@ -118,8 +118,10 @@ class RedisPipe:
 
         options = parse_url(url)
         if options.get("connection_class") is SSLConnection:
-            raise ValueError(f"{url.split('@')[-1]}: TLS (rediss://) is not supported by the gateway's Redis "
-                             "connection; use redis:// (inside the cluster) or a local TLS proxy")
+            raise ValueError(
+                f"{url.split('@')[-1]}: TLS (rediss://) is not supported by the gateway's Redis "
+                "connection; use redis:// (inside the cluster) or a local TLS proxy"
+            )
         self.path = options.get("path") if options.get("connection_class") is UnixDomainSocketConnection else None
         self.host, self.port = options.get("host", "localhost"), int(options.get("port", 6379))
         self.db = int(options.get("db", 0) or 0)

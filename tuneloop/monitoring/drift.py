@@ -48,9 +48,12 @@ class DriftResult:
 def _descriptor_list(column: str):
     from evidently.descriptors import NonLetterCharacterPercentage, SentenceCount, TextLength, WordCount
 
-    return [TextLength(column, alias="text_length"), WordCount(column, alias="word_count"),
-            SentenceCount(column, alias="sentence_count"),
-            NonLetterCharacterPercentage(column, alias="non_letter_pct")]
+    return [
+        TextLength(column, alias="text_length"),
+        WordCount(column, alias="word_count"),
+        SentenceCount(column, alias="sentence_count"),
+        NonLetterCharacterPercentage(column, alias="non_letter_pct"),
+    ]
 
 
 def evidently_dataset(texts: Sequence[str], embeddings=None):
@@ -63,8 +66,9 @@ def evidently_dataset(texts: Sequence[str], embeddings=None):
     if embeddings is not None:
         emb_cols = [f"e{i}" for i in range(embeddings.shape[1])]
         frame = pd.concat([frame, pd.DataFrame(embeddings, columns=emb_cols)], axis=1)
-    definition = DataDefinition(text_columns=["text"], numerical_columns=emb_cols or [],
-                                embeddings={EMBEDDINGS: emb_cols} if emb_cols else None)
+    definition = DataDefinition(
+        text_columns=["text"], numerical_columns=emb_cols or [], embeddings={EMBEDDINGS: emb_cols} if emb_cols else None
+    )
     return Dataset.from_pandas(frame, data_definition=definition, descriptors=_descriptor_list("text"))
 
 
@@ -101,10 +105,22 @@ def compute_drift(reference: Sequence[str], current: Sequence[str], cfg, seed: i
     reference, current = [t for t in reference if t], [t for t in current if t]
     thresholds = {d: cfg.descriptor_threshold for d in DESCRIPTORS} | {EMBEDDINGS: cfg.embedding_threshold}
     if len(current) < cfg.min_requests or not reference:
-        why = (f"{len(current)} prompts in the window, fewer than monitoring.drift.min_requests "
-               f"({cfg.min_requests})" if reference else "no reference prompts")
-        return DriftResult(False, False, {}, [], thresholds, len(reference), len(current), reason=why,
-                           seconds=round(time.perf_counter() - started, 3))
+        why = (
+            f"{len(current)} prompts in the window, fewer than monitoring.drift.min_requests ({cfg.min_requests})"
+            if reference
+            else "no reference prompts"
+        )
+        return DriftResult(
+            False,
+            False,
+            {},
+            [],
+            thresholds,
+            len(reference),
+            len(current),
+            reason=why,
+            seconds=round(time.perf_counter() - started, 3),
+        )
     ref_d, cur_d = descriptor_frame(reference), descriptor_frame(current)
     scores: dict[str, float] = {}
     test = get_stattest(ref_d[DESCRIPTORS[0]], cur_d[DESCRIPTORS[0]], ColumnType.Numerical, "wasserstein")
@@ -116,15 +132,24 @@ def compute_drift(reference: Sequence[str], current: Sequence[str], cfg, seed: i
     cur_s = _sample(list(current), cfg.max_embedded_rows, rng)
     ref_e, cur_e = _embed(ref_s), _embed(cur_s)
     cols = [f"e{i}" for i in range(ref_e.shape[1])]
-    auc, _, _ = ModelDriftMethod(threshold=cfg.embedding_threshold)(pd.DataFrame(cur_e, columns=cols),
-                                                                    pd.DataFrame(ref_e, columns=cols))
+    auc, _, _ = ModelDriftMethod(threshold=cfg.embedding_threshold)(
+        pd.DataFrame(cur_e, columns=cols), pd.DataFrame(ref_e, columns=cols)
+    )
     scores[EMBEDDINGS] = round(float(auc), 4)
     drifted = [k for k, v in scores.items() if v > thresholds[k]]
     descriptor_drift = [d for d in drifted if d in DESCRIPTORS]
     detected = EMBEDDINGS in drifted or len(descriptor_drift) >= cfg.min_drifted_descriptors
-    return DriftResult(detected, True, scores, drifted, thresholds, len(reference), len(current),
-                       {"reference": len(ref_s), "current": len(cur_s)},
-                       round(time.perf_counter() - started, 3))
+    return DriftResult(
+        detected,
+        True,
+        scores,
+        drifted,
+        thresholds,
+        len(reference),
+        len(current),
+        {"reference": len(ref_s), "current": len(cur_s)},
+        round(time.perf_counter() - started, 3),
+    )
 
 
 def drift_report_html(reference: Sequence[str], current: Sequence[str], path: Path, cfg, seed: int = 0) -> Path:
@@ -144,9 +169,9 @@ def drift_report_html(reference: Sequence[str], current: Sequence[str], path: Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     snapshot.save_html(str(path))
-    emb = Report([EmbeddingsDrift(embeddings_name=EMBEDDINGS,
-                                  drift_method=ModelDriftMethod(threshold=cfg.embedding_threshold))]).run(
-        evidently_dataset(cur_s, _embed(cur_s)), evidently_dataset(ref_s, _embed(ref_s)))
+    emb = Report(
+        [EmbeddingsDrift(embeddings_name=EMBEDDINGS, drift_method=ModelDriftMethod(threshold=cfg.embedding_threshold))]
+    ).run(evidently_dataset(cur_s, _embed(cur_s)), evidently_dataset(ref_s, _embed(ref_s)))
     emb_path = path.with_name(path.stem + "-embeddings.html")
     emb.save_html(str(emb_path))
     return path

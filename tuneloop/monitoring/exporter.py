@@ -26,16 +26,28 @@ class MonitoringGauges:
 
         kw = {} if registry is None else {"registry": registry}
         self.path = Path(path)
-        self.score = prom.Gauge("tuneloop_drift_score", "Latest drift score per view", ["score"],
-                                multiprocess_mode="livemax", **kw)
-        self.detected = prom.Gauge("tuneloop_drift_detected", "1 when the latest monitored window drifted",
-                                   multiprocess_mode="livemax", **kw)
-        self.slo = prom.Gauge("tuneloop_slo_value", "Latest monitored service measure", ["measure"],
-                              multiprocess_mode="livemax", **kw)
-        self.breached = prom.Gauge("tuneloop_slo_breached", "1 when the objective was breached in the latest window",
-                                   ["objective"], multiprocess_mode="livemax", **kw)
-        self.age = prom.Gauge("tuneloop_monitoring_age_seconds", "Seconds since the latest monitoring run",
-                              multiprocess_mode="livemin", **kw)
+        self.score = prom.Gauge(
+            "tuneloop_drift_score", "Latest drift score per view", ["score"], multiprocess_mode="livemax", **kw
+        )
+        self.detected = prom.Gauge(
+            "tuneloop_drift_detected", "1 when the latest monitored window drifted", multiprocess_mode="livemax", **kw
+        )
+        self.slo = prom.Gauge(
+            "tuneloop_slo_value", "Latest monitored service measure", ["measure"], multiprocess_mode="livemax", **kw
+        )
+        self.breached = prom.Gauge(
+            "tuneloop_slo_breached",
+            "1 when the objective was breached in the latest window",
+            ["objective"],
+            multiprocess_mode="livemax",
+            **kw,
+        )
+        self.age = prom.Gauge(
+            "tuneloop_monitoring_age_seconds",
+            "Seconds since the latest monitoring run",
+            multiprocess_mode="livemin",
+            **kw,
+        )
 
     def refresh(self) -> bool:
         try:

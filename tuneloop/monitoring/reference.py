@@ -44,15 +44,27 @@ def load_reference(cfg) -> tuple[list[str], dict]:
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                local = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).download_artifacts(champion.run_id, ARTIFACT, tmp)
-                texts = [json.loads(line)["text"] for line in Path(local).read_text(encoding="utf-8").splitlines()
-                         if line.strip()]
-            return texts, {"source": "champion", "model": champion.name, "version": champion.version,
-                           "run_id": champion.run_id}
+                local = MlflowClient(cfg.mlflow_tracking_uri, registry_uri=cfg.mlflow_tracking_uri).download_artifacts(
+                    champion.run_id, ARTIFACT, tmp
+                )
+                texts = [
+                    json.loads(line)["text"]
+                    for line in Path(local).read_text(encoding="utf-8").splitlines()
+                    if line.strip()
+                ]
+            return texts, {
+                "source": "champion",
+                "model": champion.name,
+                "version": champion.version,
+                "run_id": champion.run_id,
+            }
         except Exception:  # noqa: BLE001 - an older version without the artifact
             pass
     prepared = prepare_dataset(cfg)
     texts = reference_texts(prepared.train, cfg.monitoring.drift.reference_rows)
-    return texts, {"source": "data.train_path", "path": str(cfg.resolve(cfg.data.train_path)),
-                   "version": champion.version if champion else None,
-                   "note": "the champion has no stored reference" if champion else "no champion yet"}
+    return texts, {
+        "source": "data.train_path",
+        "path": str(cfg.resolve(cfg.data.train_path)),
+        "version": champion.version if champion else None,
+        "note": "the champion has no stored reference" if champion else "no champion yet",
+    }

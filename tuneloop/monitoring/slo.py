@@ -31,8 +31,13 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def service_health(records: list[dict], cfg) -> SloResult:
     """cfg: tuneloop.config.SloConfig."""
-    objectives = {"ttft_p95_s": cfg.ttft_p95_s, "e2e_p95_s": cfg.e2e_p95_s, "error_rate": cfg.error_rate,
-                  "filter_rejection_rate": cfg.filter_rejection_rate, "rate_limited_rate": cfg.rate_limited_rate}
+    objectives = {
+        "ttft_p95_s": cfg.ttft_p95_s,
+        "e2e_p95_s": cfg.e2e_p95_s,
+        "error_rate": cfg.error_rate,
+        "filter_rejection_rate": cfg.filter_rejection_rate,
+        "rate_limited_rate": cfg.rate_limited_rate,
+    }
     gens = [r for r in records if r.get("route") in GENERATION_ROUTES]
     ok = [r for r in gens if r.get("status") == 200 and r.get("error_code") is None]
     ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None and r.get("cache") != "hit"]
@@ -41,18 +46,31 @@ def service_health(records: list[dict], cfg) -> SloResult:
     filtered = [r for r in gens if r.get("error_code") in FILTER_CODES]
     limited = [r for r in records if r.get("status") == 429]
     values = {
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p95_s": _pct(ttft, 95),
-        "e2e_p50_s": _pct(e2e, 50), "e2e_p95_s": _pct(e2e, 95),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p95_s": _pct(ttft, 95),
+        "e2e_p50_s": _pct(e2e, 50),
+        "e2e_p95_s": _pct(e2e, 95),
         "error_rate": round(len(errors) / len(gens), 4) if gens else None,
         "filter_rejection_rate": round(len(filtered) / len(gens), 4) if gens else None,
         "rate_limited_rate": round(len(limited) / len(records), 4) if records else None,
     }
-    counts = {"requests": len(records), "generations": len(gens), "ok": len(ok), "errors": len(errors),
-              "filtered": len(filtered), "rate_limited": len(limited),
-              "cache_hits": sum(1 for r in gens if r.get("cache") == "hit")}
+    counts = {
+        "requests": len(records),
+        "generations": len(gens),
+        "ok": len(ok),
+        "errors": len(errors),
+        "filtered": len(filtered),
+        "rate_limited": len(limited),
+        "cache_hits": sum(1 for r in gens if r.get("cache") == "hit"),
+    }
     if len(records) < cfg.min_requests:
-        return SloResult(False, [], values, objectives, counts,
-                         f"{len(records)} requests in the window, fewer than monitoring.slo.min_requests "
-                         f"({cfg.min_requests})")
+        return SloResult(
+            False,
+            [],
+            values,
+            objectives,
+            counts,
+            f"{len(records)} requests in the window, fewer than monitoring.slo.min_requests ({cfg.min_requests})",
+        )
     breached = [k for k, limit in objectives.items() if values.get(k) is not None and values[k] > limit]
     return SloResult(True, breached, values, objectives, counts)

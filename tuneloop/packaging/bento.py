@@ -31,9 +31,16 @@ CUDA_VERSION = "12.8"
 TARGETS = {
     # target -> (bento name, docker options)
     "cpu": ("tuneloop_llm", {"distro": "debian", "python_version": "3.11"}),
-    "gpu": ("tuneloop_llm_cuda", {"distro": "debian", "python_version": "3.11", "cuda_version": CUDA_VERSION,
-                                  # vLLM in its own venv (/opt/vllm), for bento.gpu_engine: vllm
-                                  "setup_script": "bentos/setup_vllm.sh"}),
+    "gpu": (
+        "tuneloop_llm_cuda",
+        {
+            "distro": "debian",
+            "python_version": "3.11",
+            "cuda_version": CUDA_VERSION,
+            # vLLM in its own venv (/opt/vllm), for bento.gpu_engine: vllm
+            "setup_script": "bentos/setup_vllm.sh",
+        },
+    ),
 }
 GPU_VLLM_PYTHON = "/opt/vllm/bin/python"  # where bentos/setup_vllm.sh puts vLLM in the gpu image
 
@@ -85,8 +92,9 @@ def _version_info(cfg: TuneloopConfig, version: str | int | None):
     return registry, info
 
 
-def import_champion(cfg: TuneloopConfig, version: str | int | None = None,
-                    progress: Callable[[str], None] | None = None):
+def import_champion(
+    cfg: TuneloopConfig, version: str | int | None = None, progress: Callable[[str], None] | None = None
+):
     """Import the champion (or `version`) into the BentoML model store.
 
     Returns (bento_model_tag, ModelVersionInfo). A second call for the same version
@@ -217,14 +225,20 @@ def _stage_sources(staging: Path, bentofile: dict[str, Any]) -> None:
     for top in tops:
         src = REPO_ROOT / top
         if src.is_dir():
-            shutil.copytree(src, staging / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
-                                                                                Path(PACKAGED_CONFIG).name))
+            shutil.copytree(
+                src, staging / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", Path(PACKAGED_CONFIG).name)
+            )
         elif src.is_file():
             shutil.copy2(src, staging / top)
 
 
-def build_bento(cfg: TuneloopConfig, model_tag: str, version_info, target: str | None = None,
-                progress: Callable[[str], None] | None = None) -> str:
+def build_bento(
+    cfg: TuneloopConfig,
+    model_tag: str,
+    version_info,
+    target: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> str:
     """`bentoml build` bentos/ around the imported model; returns the bento tag.
 
     target: "cpu" or "gpu" (the Docker image the bento describes; default cfg.bento.target).
@@ -256,7 +270,8 @@ def build_bento(cfg: TuneloopConfig, model_tag: str, version_info, target: str |
         # that has it: the torch index also carries numpy, sympy, ... but not our pinned
         # versions. Best match across indexes keeps every pin installable (Docker build only).
         bentofile["envs"] = list(bentofile.get("envs") or []) + [
-            {"name": "UV_INDEX_STRATEGY", "value": "unsafe-best-match", "stage": "build"}]
+            {"name": "UV_INDEX_STRATEGY", "value": "unsafe-best-match", "stage": "build"}
+        ]
 
     cfg.home.mkdir(parents=True, exist_ok=True)
     say(progress, f"building bento {bento_name} ({target} image) around {model_tag}, {len(pins)} pinned packages")
@@ -268,14 +283,26 @@ def build_bento(cfg: TuneloopConfig, model_tag: str, version_info, target: str |
             + yaml.safe_dump(packaged_serving_config(cfg, model_tag, info, target), sort_keys=False)
         )
         (staging / "bentofile.yaml").write_text(yaml.safe_dump(bentofile, sort_keys=False))
-        cmd = [sys.executable, "-m", "bentoml", "build", "-f", str(staging / "bentofile.yaml"), "-o", "tag", str(staging)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bentoml",
+            "build",
+            "-f",
+            str(staging / "bentofile.yaml"),
+            "-o",
+            "tag",
+            str(staging),
+        ]
         proc = subprocess.run(cmd, cwd=staging, env=bentoml_env(cfg), capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     match = re.search(r"__tag__:(\S+)", out)
     if proc.returncode != 0 or not match:
         raise PackagingError(f"`bentoml build` failed (exit {proc.returncode}):\n{out[-3000:]}")
     bento_tag = match.group(1)
-    say(progress, f"built bento {bento_tag}; Dockerfile: {bento_path(cfg, bento_tag) / 'env' / 'docker' / 'Dockerfile'}")
+    say(
+        progress, f"built bento {bento_tag}; Dockerfile: {bento_path(cfg, bento_tag) / 'env' / 'docker' / 'Dockerfile'}"
+    )
     return bento_tag
 
 

@@ -83,8 +83,14 @@ def serve_plan(cfg: TuneloopConfig, host: str = "127.0.0.1", port: int = 3000) -
         command = serve_command(cfg, bento, host, port)
         command.what = f"deployed bento {bento}"
         return command
-    env = {**os.environ, "BENTOML_HOME": str(cfg.bentoml_home), "BENTOML_DO_NOT_TRACK": "true",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "BENTOML_HOME": str(cfg.bentoml_home),
+        "BENTOML_DO_NOT_TRACK": "true",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     if cfg.source is not None:
         env["TUNELOOP_CONFIG"] = str(Path(cfg.source).resolve())
     env.update(deployment_env(cfg))
@@ -95,12 +101,14 @@ def serve_plan(cfg: TuneloopConfig, host: str = "127.0.0.1", port: int = 3000) -
         pass  # no champion yet
     else:
         serving = packaged_serving_config(cfg, model_tag, info)["serving"]
-        env.update({
-            "TUNELOOP__SERVING__BENTO_MODEL": model_tag,
-            "TUNELOOP_SERVE_MODEL_NAME": serving["model_name"],
-            "TUNELOOP_SERVE_MODEL_VERSION": serving["model_version"],
-            "TUNELOOP__SERVING__ALIASES": json.dumps(serving["aliases"]),
-        })
+        env.update(
+            {
+                "TUNELOOP__SERVING__BENTO_MODEL": model_tag,
+                "TUNELOOP_SERVE_MODEL_NAME": serving["model_name"],
+                "TUNELOOP_SERVE_MODEL_VERSION": serving["model_version"],
+                "TUNELOOP__SERVING__ALIASES": json.dumps(serving["aliases"]),
+            }
+        )
         what = f"champion {info.name} v{info.version} ({model_tag}) from bentos/, not packaged"
     argv = [sys.executable, "-m", "bentoml", "serve", "bentos.service:TuneloopLLM", "--host", host, "--port", str(port)]
     return ServeCommand(argv, env, REPO_ROOT, what)
@@ -119,18 +127,36 @@ def not_champion_reason(cfg: TuneloopConfig, version: str | int) -> str | None:
     now = ModelRegistry.from_config(cfg).champion()
     if now is not None and now.version == str(version):
         return None
-    return (f"v{version} is not the champion (it is {'none' if now is None else 'v' + now.version}); "
-            "deploy the champion instead")
+    return (
+        f"v{version} is not the champion (it is {'none' if now is None else 'v' + now.version}); "
+        "deploy the champion instead"
+    )
 
 
-def conclude_deployment(cfg: TuneloopConfig, info, model_tag: str, bento_tag: str, validation: InfraValidation,
-                        require_champion: bool = True, target: str | None = None,
-                        previous_bento: str | None = None, seconds: dict[str, float] | None = None,
-                        progress: Callable[[str], None] | None = None) -> DeployResult:
+def conclude_deployment(
+    cfg: TuneloopConfig,
+    info,
+    model_tag: str,
+    bento_tag: str,
+    validation: InfraValidation,
+    require_champion: bool = True,
+    target: str | None = None,
+    previous_bento: str | None = None,
+    seconds: dict[str, float] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> DeployResult:
     """The last step: mark the bento deployed -- only if it passed infra validation and
     (require_champion) its version is still the champion. Otherwise nothing changes."""
-    result = DeployResult(False, info.name, str(info.version), model_tag=model_tag, bento_tag=bento_tag,
-                          validation=validation, previous_bento=previous_bento, seconds=dict(seconds or {}))
+    result = DeployResult(
+        False,
+        info.name,
+        str(info.version),
+        model_tag=model_tag,
+        bento_tag=bento_tag,
+        validation=validation,
+        previous_bento=previous_bento,
+        seconds=dict(seconds or {}),
+    )
     if not validation.passed:
         result.reason = f"infra validation failed: {validation.reason} (server log: {validation.log_path})"
         say(progress, result.summary())
@@ -142,26 +168,34 @@ def conclude_deployment(cfg: TuneloopConfig, info, model_tag: str, bento_tag: st
             say(progress, result.summary())
             return result
     ModelRegistry.from_config(cfg).mark_deployed(info.version, bento_tag)
-    _record_deployment(cfg, {
-        "bento_tag": bento_tag,
-        "model_tag": model_tag,
-        "registered_model": info.name,
-        "version": str(info.version),
-        "run_id": info.run_id,
-        "target": target or cfg.bento.target,
-        "bentoml_home": str(cfg.bentoml_home),
-        "deployed_at": now(),
-        "previous_bento": previous_bento,
-    })
+    _record_deployment(
+        cfg,
+        {
+            "bento_tag": bento_tag,
+            "model_tag": model_tag,
+            "registered_model": info.name,
+            "version": str(info.version),
+            "run_id": info.run_id,
+            "target": target or cfg.bento.target,
+            "bentoml_home": str(cfg.bentoml_home),
+            "deployed_at": now(),
+            "previous_bento": previous_bento,
+        },
+    )
     result.deployed = True
     result.reason = validation.reason
     say(progress, result.summary())
     return result
 
 
-def deploy_champion(cfg: TuneloopConfig, version: str | int | None = None, target: str | None = None,
-                    timeout: float | None = None, require_champion: bool | None = None,
-                    progress: Callable[[str], None] | None = None) -> DeployResult:
+def deploy_champion(
+    cfg: TuneloopConfig,
+    version: str | int | None = None,
+    target: str | None = None,
+    timeout: float | None = None,
+    require_champion: bool | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> DeployResult:
     """Import, build, infra-validate; only a bento that passed is marked deployed.
 
     version None: the current champion. require_champion (default: version is None):
@@ -184,6 +218,15 @@ def deploy_champion(cfg: TuneloopConfig, version: str | int | None = None, targe
     seconds["build"] = round(time.perf_counter() - t, 1)
     validation = infra_validate(bento_tag, cfg, timeout, progress)
     seconds["infra_validation"] = validation.seconds
-    return conclude_deployment(cfg, info, model_tag, bento_tag, validation,
-                               require_champion=require_champion,
-                               target=target, previous_bento=previous, seconds=seconds, progress=progress)
+    return conclude_deployment(
+        cfg,
+        info,
+        model_tag,
+        bento_tag,
+        validation,
+        require_champion=require_champion,
+        target=target,
+        previous_bento=previous,
+        seconds=seconds,
+        progress=progress,
+    )

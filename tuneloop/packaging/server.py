@@ -103,8 +103,9 @@ def _check_answers(client, base: str) -> tuple[str, str, str]:
         raise ValueError(f"GET /v1/models listed no model: {r.text[:300]}")
     model = models[0]["id"]
 
-    r = client.post(f"{base}/v1/completions",
-                    json={"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0})
+    r = client.post(
+        f"{base}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0}
+    )
     if r.status_code != 200:
         raise ValueError(f"POST /v1/completions answered {r.status_code}: {r.text[:300]}")
     body = r.json()
@@ -113,16 +114,20 @@ def _check_answers(client, base: str) -> tuple[str, str, str]:
         raise ValueError(f"POST /v1/completions: not an OpenAI completion with an answer: {r.text[:300]}")
     completion = choice["text"]
 
-    r = client.post(f"{base}/v1/chat/completions",
-                    json={"model": model, "messages": [{"role": "user", "content": "Hello"}],
-                          "max_tokens": 8, "temperature": 0})
+    r = client.post(
+        f"{base}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0},
+    )
     if r.status_code != 200:
         raise ValueError(f"POST /v1/chat/completions answered {r.status_code}: {r.text[:300]}")
     body = r.json()
     choice = (body.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    if (body.get("object") != "chat.completion" or message.get("role") != "assistant"
-            or not _answered(message.get("content"), choice, body)):
+    if (
+        body.get("object") != "chat.completion"
+        or message.get("role") != "assistant"
+        or not _answered(message.get("content"), choice, body)
+    ):
         raise ValueError(f"POST /v1/chat/completions: not an OpenAI chat completion with an answer: {r.text[:300]}")
     return model, completion, message["content"]
 
@@ -137,8 +142,9 @@ def _answered(text: str | None, choice: dict, body: dict) -> bool:
     return bool(text) or choice.get("finish_reason") == "stop"
 
 
-def infra_validate(bento_tag: str, cfg: TuneloopConfig, timeout: float | None = None,
-                   progress: Callable[[str], None] | None = None) -> InfraValidation:
+def infra_validate(
+    bento_tag: str, cfg: TuneloopConfig, timeout: float | None = None, progress: Callable[[str], None] | None = None
+) -> InfraValidation:
     """Start the built bento with `bentoml serve` on a free local port, ask it one
     completion and one chat completion, stop it. Never raises for a bad bento: the
     result says passed or failed, why, and the end of the server's log."""
@@ -151,8 +157,14 @@ def infra_validate(bento_tag: str, cfg: TuneloopConfig, timeout: float | None = 
         command.env["TUNELOOP__SERVING__COMPILE"] = "false"  # bento.validation_compile (config.py says why)
     headers = _validation_key(cfg, log_dir / f"keys-{port}", command.env)
     try:
-        return check_server(command, port, log_dir / f"{bento_tag.replace(':', '-')}.log",
-                            timeout or cfg.bento.validation_timeout_s, label=bento_tag, headers=headers)
+        return check_server(
+            command,
+            port,
+            log_dir / f"{bento_tag.replace(':', '-')}.log",
+            timeout or cfg.bento.validation_timeout_s,
+            label=bento_tag,
+            headers=headers,
+        )
     finally:
         shutil.rmtree(log_dir / f"keys-{port}", ignore_errors=True)
 
@@ -173,20 +185,34 @@ def _validation_key(cfg: TuneloopConfig, folder: Path, env: dict[str, str]) -> d
     return {"Authorization": f"Bearer {key}"}
 
 
-def check_server(command: ServeCommand, port: int, log_path: Path, timeout: float, label: str,
-                 headers: dict[str, str] | None = None) -> InfraValidation:
+def check_server(
+    command: ServeCommand, port: int, log_path: Path, timeout: float, label: str, headers: dict[str, str] | None = None
+) -> InfraValidation:
     """Run a serve command until /readyz, check the OpenAI answers, always stop it."""
     started = time.perf_counter()
     base = f"http://127.0.0.1:{port}"
 
     def result(passed: bool, reason: str, **kw) -> InfraValidation:
-        return InfraValidation(passed, label, reason, seconds=round(time.perf_counter() - started, 1),
-                               log_path=str(log_path), log_tail=_tail(log_path), **kw)
+        return InfraValidation(
+            passed,
+            label,
+            reason,
+            seconds=round(time.perf_counter() - started, 1),
+            log_path=str(log_path),
+            log_tail=_tail(log_path),
+            **kw,
+        )
 
     with open(log_path, "w") as fh:
         # its own group: stopping it stops its workers; and it stops if this process is killed first
-        proc = subprocess.Popen(die_with_parent(command.argv), cwd=command.cwd, env=command.env, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            die_with_parent(command.argv),
+            cwd=command.cwd,
+            env=command.env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         with httpx.Client(timeout=60, headers=headers) as client:
             deadline = time.monotonic() + timeout
@@ -210,8 +236,13 @@ def check_server(command: ServeCommand, port: int, log_path: Path, timeout: floa
                 model, completion, chat = _check_answers(client, base)
             except (ValueError, httpx.HTTPError) as exc:
                 return result(False, f"ready after {ready} s, but {exc}", seconds_to_ready=ready)
-        return result(True, f"ready after {ready} s; {model} answered a completion and a chat completion",
-                      seconds_to_ready=ready, completion=completion, chat=chat)
+        return result(
+            True,
+            f"ready after {ready} s; {model} answered a completion and a chat completion",
+            seconds_to_ready=ready,
+            completion=completion,
+            chat=chat,
+        )
     finally:
         stop_process_group(proc)
 
@@ -231,8 +262,16 @@ def run_server(command: ServeCommand, host: str, port: int, out=None) -> ServeOu
     it drains and stops as it would on its own. Once /readyz answers 200 one line says so.
     """
     out = out or sys.stdout
-    proc = subprocess.Popen(command.argv, cwd=command.cwd, env=command.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, text=True, errors="replace")
+    proc = subprocess.Popen(
+        command.argv,
+        cwd=command.cwd,
+        env=command.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    )
 
     def forward(signum, _frame):
         try:
@@ -249,8 +288,11 @@ def run_server(command: ServeCommand, host: str, port: int, out=None) -> ServeOu
             try:
                 with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
                     if r.status == 200:
-                        print(f"tuneloop: ready after {time.perf_counter() - started:.0f} s; "
-                              f"OpenAI API on {url}/v1", file=out, flush=True)
+                        print(
+                            f"tuneloop: ready after {time.perf_counter() - started:.0f} s; OpenAI API on {url}/v1",
+                            file=out,
+                            flush=True,
+                        )
                         return
             except OSError:
                 pass

@@ -46,8 +46,9 @@ _RESERVED_TLDS = ("example", "test", "invalid", "localhost")
 
 def is_reserved_email(address: str) -> bool:
     domain = address.rsplit("@", 1)[-1].lower().rstrip(".")
-    return (domain.rsplit(".", 1)[-1] in _RESERVED_TLDS
-            or any(domain == d or domain.endswith("." + d) for d in _RESERVED_DOMAINS))
+    return domain.rsplit(".", 1)[-1] in _RESERVED_TLDS or any(
+        domain == d or domain.endswith("." + d) for d in _RESERVED_DOMAINS
+    )
 
 
 def is_fictional_phone(number: str) -> bool:
@@ -71,8 +72,11 @@ def pii_spans(text: str) -> list[tuple[str, int, int]]:
     """(kind, start, end) of the personal data find_pii reports (documentation values left out)."""
     spans = [("email", m.start(), m.end()) for m in _EMAIL.finditer(text) if not is_reserved_email(m.group(0))]
     spans += [("card_number", m.start(), m.end()) for m in _CARD.finditer(text) if _is_card_number(m.group(0))]
-    spans += [("phone", m.start(), m.end()) for m in _PHONE.finditer(text)
-              if 8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 and not is_fictional_phone(m.group(0))]
+    spans += [
+        ("phone", m.start(), m.end())
+        for m in _PHONE.finditer(text)
+        if 8 <= len(re.sub(r"\D", "", m.group(0))) <= 15 and not is_fictional_phone(m.group(0))
+    ]
     for m in _IBAN.finditer(text):
         # The pattern may run into following words ("... 3000 AND"): try shorter prefixes.
         groups = m.group(0).split(" ")

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 LANGUAGE = "en"
 SECRET = "SECRET_KEY"
 
+
 # The secrets are tuneloop/privacy/secrets.py's (the one list the data gate uses too),
 # each recognised as SECRET_KEY.
 # The pre-screen: a text that matches none of these cannot hold an entity, so Presidio
@@ -58,11 +59,24 @@ def prescreen_for(secrets: list[Secret]) -> re.Pattern:
 _PRESCREEN = prescreen_for(SECRETS)
 
 _SCREENED = {
-    "CreditCardRecognizer", "UsBankRecognizer", "UsLicenseRecognizer", "UsItinRecognizer",
-    "UsPassportRecognizer", "UsSsnRecognizer", "NhsRecognizer", "CryptoRecognizer",
-    "DateRecognizer", "EmailRecognizer", "IbanRecognizer", "IpRecognizer",
-    "MedicalLicenseRecognizer", "MacAddressRecognizer", "UuidRecognizer", "UrlRecognizer",
-    "_PhoneRecognizer", "_SecretRecognizer",
+    "CreditCardRecognizer",
+    "UsBankRecognizer",
+    "UsLicenseRecognizer",
+    "UsItinRecognizer",
+    "UsPassportRecognizer",
+    "UsSsnRecognizer",
+    "NhsRecognizer",
+    "CryptoRecognizer",
+    "DateRecognizer",
+    "EmailRecognizer",
+    "IbanRecognizer",
+    "IpRecognizer",
+    "MedicalLicenseRecognizer",
+    "MacAddressRecognizer",
+    "UuidRecognizer",
+    "UrlRecognizer",
+    "_PhoneRecognizer",
+    "_SecretRecognizer",
 }
 
 # Recognizers every match of which starts inside a word that holds a pre-screen trigger (a
@@ -148,12 +162,18 @@ class PiiRedactor:
         self.prescreen = not components and not unscreened
         # Streams may emit trigger-free words before any analysis (StreamRedactor), when every
         # recognizer that can report a configured entity starts its matches at a trigger.
-        reporting = {type(r).__name__ for r in self.analyzer.registry.get_recognizers(LANGUAGE, all_fields=True)
-                     if self.entities is None or set(r.supported_entities) & set(self.entities)}
+        reporting = {
+            type(r).__name__
+            for r in self.analyzer.registry.get_recognizers(LANGUAGE, all_fields=True)
+            if self.entities is None or set(r.supported_entities) & set(self.entities)
+        }
         self.early_emit = self.prescreen and reporting <= _LEADING_TRIGGER
         if not self.prescreen:
-            log.warning("PII pre-screen off (pipeline components %s, recognizers %s): every text is analysed",
-                        components, unscreened)
+            log.warning(
+                "PII pre-screen off (pipeline components %s, recognizers %s): every text is analysed",
+                components,
+                unscreened,
+            )
         self._lock = threading.Lock()
         # Loads the lazy parts (tldextract, phone metadata) now, not in the first request.
         self._analyze("warm-up a@b.com +1 415-555-2671 https://example.com 10.0.0.1")
@@ -169,9 +189,12 @@ class PiiRedactor:
         if not model.exists():
             blank_pipeline(model)
         # A path, so presidio loads it instead of downloading a model by name.
-        nlp_engine = NlpEngineProvider(nlp_configuration={
-            "nlp_engine_name": "spacy", "models": [{"lang_code": LANGUAGE, "model_name": str(model)}],
-        }).create_engine()
+        nlp_engine = NlpEngineProvider(
+            nlp_configuration={
+                "nlp_engine_name": "spacy",
+                "models": [{"lang_code": LANGUAGE, "model_name": str(model)}],
+            }
+        ).create_engine()
         analyzer = AnalyzerEngine(nlp_engine=nlp_engine, supported_languages=[LANGUAGE])
         registry = analyzer.registry
         components = list(nlp_engine.nlp[LANGUAGE].pipe_names)
@@ -191,15 +214,29 @@ class PiiRedactor:
 
             def __init__(self, secret: Secret):
                 self.secret = secret
-                super().__init__(supported_entity=SECRET, name=secret.name, supported_language=LANGUAGE,
-                                 patterns=[Pattern(secret.name, secret.pattern, 1.0)],
-                                 global_regex_flags=re.DOTALL | re.MULTILINE)
+                super().__init__(
+                    supported_entity=SECRET,
+                    name=secret.name,
+                    supported_language=LANGUAGE,
+                    patterns=[Pattern(secret.name, secret.pattern, 1.0)],
+                    global_regex_flags=re.DOTALL | re.MULTILINE,
+                )
 
             def analyze(self, text, entities, nlp_artifacts=None, regex_flags=None):
                 # The secret's own spans (its value check applied; a labelled value without its label).
-                return [RecognizerResult(SECRET, a, b, 1.0, recognition_metadata={
-                    RecognizerResult.RECOGNIZER_NAME_KEY: self.name,
-                    RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: self.id}) for a, b in self.secret.spans(text)]
+                return [
+                    RecognizerResult(
+                        SECRET,
+                        a,
+                        b,
+                        1.0,
+                        recognition_metadata={
+                            RecognizerResult.RECOGNIZER_NAME_KEY: self.name,
+                            RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: self.id,
+                        },
+                    )
+                    for a, b in self.secret.spans(text)
+                ]
 
         for secret in secrets:
             registry.add_recognizer(_SecretRecognizer(secret))
@@ -213,8 +250,12 @@ class PiiRedactor:
             with self._lock:
                 cpu = time.thread_time()
                 try:
-                    results = self.analyzer.analyze(text=text, language=LANGUAGE, entities=self.entities,
-                                                    score_threshold=self.config.score_threshold)
+                    results = self.analyzer.analyze(
+                        text=text,
+                        language=LANGUAGE,
+                        entities=self.entities,
+                        score_threshold=self.config.score_threshold,
+                    )
                 finally:
                     if self.on_cpu is not None:
                         self.on_cpu(time.thread_time() - cpu)
@@ -313,7 +354,7 @@ def _in_windows(text: str, find, overlap: int) -> list[Entity]:
 def _replace(text: str, entities: list[Entity]) -> tuple[str, list[str]]:
     out, pos = [], 0
     for e in entities:
-        out += (text[pos:e.start], f"<{e.entity_type}>")
+        out += (text[pos : e.start], f"<{e.entity_type}>")
         pos = e.end
     out.append(text[pos:])
     return "".join(out), [e.entity_type for e in entities]
@@ -422,7 +463,7 @@ class StreamRedactor:
         m = _UP_TO_BREAK.match(p, 0, trigger.start() if trigger else len(p))
         if m is None:
             return ""
-        out, self._pending = p[:m.end()], p[m.end():]
+        out, self._pending = p[: m.end()], p[m.end() :]
         self.resolved += m.end()
         self._tail = _left_context(self._tail + out, _CONTEXT_CHARS)
         self._next = max(self._next - m.end(), self._holdback + self._step)  # as often as a fresh stream at most
@@ -484,4 +525,4 @@ def _left_context(text: str, n: int) -> str:
         return text
     tail = text[-n:]
     m = _FIRST_BREAK.search(tail)  # start at a word, not inside one
-    return tail[m.end():] if m else ""
+    return tail[m.end() :] if m else ""

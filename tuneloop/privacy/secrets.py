@@ -34,13 +34,19 @@ def _aws_secret(value: str) -> bool:
     # 40 characters of base64's alphabet, upper and lower case, a digit or "/" or "+", and
     # near-random (AWS's documented example key has 4.8 bits per character; a 40-letter word
     # run has far fewer distinct characters).
-    return (any(c.isupper() for c in value) and any(c.islower() for c in value)
-            and any(c.isdigit() or c in "/+" for c in value) and entropy(value) >= 4.0)
+    return (
+        any(c.isupper() for c in value)
+        and any(c.islower() for c in value)
+        and any(c.isdigit() or c in "/+" for c in value)
+        and entropy(value) >= 4.0
+    )
 
 
 # What a config or tutorial writes where the secret goes: words joined by _ or -, <...>, x's.
-_PLACEHOLDER = re.compile(r"(?i)^(?:[a-z]+[_\-.])+[a-z]+$|^<.*>$|^\{.*\}$|^\$\{?\w+\}?$|^[x*.#]+$|"
-                          r"^(?:changeme|redacted|password|secret|none|null|true|false)$")
+_PLACEHOLDER = re.compile(
+    r"(?i)^(?:[a-z]+[_\-.])+[a-z]+$|^<.*>$|^\{.*\}$|^\$\{?\w+\}?$|^[x*.#]+$|"
+    r"^(?:changeme|redacted|password|secret|none|null|true|false)$"
+)
 
 
 def _labelled(value: str) -> bool:
@@ -83,9 +89,11 @@ def _compiled(pattern: str) -> re.Pattern:
     return _CACHE[pattern]
 
 
-LABELS = (r"aws_secret_access_key|secret_access_key|secret[_-]?key|client[_-]?secret|api[_-]?key|access[_-]?key|"
-          r"access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|password|passwd|passwort|pwd|"
-          r"secret|token")
+LABELS = (
+    r"aws_secret_access_key|secret_access_key|secret[_-]?key|client[_-]?secret|api[_-]?key|access[_-]?key|"
+    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|password|passwd|passwort|pwd|"
+    r"secret|token"
+)
 
 SECRETS: list[Secret] = [
     Secret("openai_api_key", _TOKEN_START + r"sk-(?:proj-|svcacct-|admin-|ant-)?[A-Za-z0-9_\-]{20,}", "sk-"),
@@ -93,24 +101,37 @@ SECRETS: list[Secret] = [
     Secret("tuneloop_key", _TOKEN_START + r"tl-[A-Za-z0-9_\-]{32,}", "tl-"),  # tl-<id>_<token_urlsafe(32)>
     Secret("aws_access_key_id", _TOKEN_START + r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])", "a[ks]ia"),
     # An AWS secret access key alone (40 characters of base64's alphabet, near-random).
-    Secret("aws_secret_access_key", r"(?<![A-Za-z0-9/+=])(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])", None,
-           _aws_secret),
-    Secret("github_token", _TOKEN_START + r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
-           r"gh[pousr]_|github_pat_"),
+    Secret(
+        "aws_secret_access_key", r"(?<![A-Za-z0-9/+=])(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])", None, _aws_secret
+    ),
+    Secret(
+        "github_token",
+        _TOKEN_START + r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
+        r"gh[pousr]_|github_pat_",
+    ),
     Secret("slack_token", _TOKEN_START + r"xox[abprse]-[A-Za-z0-9\-]{10,}", "xox[abprse]-"),
     Secret("google_api_key", _TOKEN_START + r"AIza[0-9A-Za-z_\-]{35}", "aiza"),
     Secret("jwt", _TOKEN_START + r"eyJ[A-Za-z0-9_\-]+\.eyJ[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*", "eyj"),
     # A digit in the token keeps "bearer responsibilities" out.
-    Secret("bearer_token", r"\b(?i:bearer)\s{1,8}(?P<value>(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{16,}=*)",
-           "bearer"),
+    Secret(
+        "bearer_token", r"\b(?i:bearer)\s{1,8}(?P<value>(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{16,}=*)", "bearer"
+    ),
     # The whole block, or to the end of the text while its END line has not come: a stream
     # holds the key back until it is complete, and a cut-off key is still redacted.
-    Secret("private_key", r"-----BEGIN[A-Z0-9 ]* PRIVATE KEY[A-Z0-9 ]*-----.*?"
-                          r"(?:-----END[A-Z0-9 ]* PRIVATE KEY[A-Z0-9 ]*-----|\Z)", "-----begin"),
+    Secret(
+        "private_key",
+        r"-----BEGIN[A-Z0-9 ]* PRIVATE KEY[A-Z0-9 ]*-----.*?"
+        r"(?:-----END[A-Z0-9 ]* PRIVATE KEY[A-Z0-9 ]*-----|\Z)",
+        "-----begin",
+    ),
     # A value next to a label that says what it is: password = hunter2X9!, "api_key": "...".
-    Secret("labelled_secret", r"(?i:\b(?:" + LABELS + r")[\w-]*)[\"']?(?:\s*[:=]\s*|\s+(?i:is|was)\s+)"
-                              r"(?i:bearer\s+)?[\"']?(?P<value>[^\s\"',;]{8,})",
-           r"(?:" + LABELS + r")[\w-]*[\"']?(?:\s*[:=]|\s+(?:is|was)\s)", _labelled),
+    Secret(
+        "labelled_secret",
+        r"(?i:\b(?:" + LABELS + r")[\w-]*)[\"']?(?:\s*[:=]\s*|\s+(?i:is|was)\s+)"
+        r"(?i:bearer\s+)?[\"']?(?P<value>[^\s\"',;]{8,})",
+        r"(?:" + LABELS + r")[\w-]*[\"']?(?:\s*[:=]|\s+(?:is|was)\s)",
+        _labelled,
+    ),
 ]
 
 # The pre-screen for the patterns without a fixed prefix (lower-cased text): 40 characters of
@@ -120,8 +141,9 @@ AWS_SECRET_SCREEN = r"[a-z0-9/+]{40}"
 
 def custom_key(prefix: str) -> Secret:
     """This deployment's own API keys when their prefix is not tl- (gateway.key_prefix)."""
-    return Secret("tuneloop_key_custom", _TOKEN_START + re.escape(prefix) + r"[A-Za-z0-9_\-]{32,}",
-                  re.escape(prefix.lower()))
+    return Secret(
+        "tuneloop_key_custom", _TOKEN_START + re.escape(prefix) + r"[A-Za-z0-9_\-]{32,}", re.escape(prefix.lower())
+    )
 
 
 def secrets_for(key_prefix: str = "tl-") -> list[Secret]:
@@ -143,6 +165,9 @@ def find_secrets(text: str) -> list[str]:
     a specific pattern names is not reported again as a labelled one."""
     spans = secret_spans(text)
     specific = [(a, b) for kind, a, b in spans if kind != "labelled_secret"]
-    found = {kind for kind, a, b in spans
-             if kind != "labelled_secret" or not any(a <= x and y <= b or x <= a < y for x, y in specific)}
+    found = {
+        kind
+        for kind, a, b in spans
+        if kind != "labelled_secret" or not any(a <= x and y <= b or x <= a < y for x, y in specific)
+    }
     return sorted(found)

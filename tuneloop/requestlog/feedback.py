@@ -20,12 +20,13 @@ from tuneloop.requestlog.store import read_records
 
 # A training set is either legacy prompt/completion rows (raw text) or conversations: rows of
 # the other kind cannot join it (tuneloop/data/dataset.py refuses the mix).
-_OTHER_KIND = {"legacy": "a chat request, and the training set is legacy prompt/completion rows",
-               "chat": "a completions request, and the training set is conversations"}
+_OTHER_KIND = {
+    "legacy": "a chat request, and the training set is legacy prompt/completion rows",
+    "chat": "a completions request, and the training set is conversations",
+}
 
 
-def feedback_examples(requests: list[dict], feedback: list[dict],
-                      kind: str | None = None) -> tuple[list[dict], dict]:
+def feedback_examples(requests: list[dict], feedback: list[dict], kind: str | None = None) -> tuple[list[dict], dict]:
     """(rows, lineage {feedback_ids, request_ids, rejected: {reason: n}}). kind "legacy" or
     "chat": only rows of that kind (the training set they are to join); the others are
     counted as rejected, with the reason."""
@@ -79,13 +80,18 @@ def feedback_examples(requests: list[dict], feedback: list[dict],
         seen.add(same)
         rows.append(row)
         feedback_ids.append(fb["feedback_id"])
-    lineage = {"feedback_ids": feedback_ids, "request_ids": [i for i in latest], "rows": len(rows),
-               "rejected": dict(rejected)}
+    lineage = {
+        "feedback_ids": feedback_ids,
+        "request_ids": [i for i in latest],
+        "rows": len(rows),
+        "rejected": dict(rejected),
+    }
     return rows, lineage
 
 
-def export_feedback_dataset(cfg, output: Path, since=None, lineage_path: Path | None = None,
-                            kind: str | None = None) -> dict:
+def export_feedback_dataset(
+    cfg, output: Path, since=None, lineage_path: Path | None = None, kind: str | None = None
+) -> dict:
     """Write the candidate rows of feedback given since `since` to output (JSONL) and its
     lineage to lineage_path (default <output>.lineage.json); returns the lineage. kind: as
     feedback_examples (None: rows of both kinds)."""

@@ -22,8 +22,10 @@ class RedactionFailed(Exception):
 class ProcessRedactor:
     def __init__(self, pii_config: dict, cache_dir: str, key_prefix: str, timeout_s: float = 60.0):
         self.timeout_s = timeout_s
-        self.guard = GuardProcess({"pii": pii_config, "cache_dir": str(cache_dir), "key_prefix": key_prefix,
-                                   "nice": 10}, name="request-log-redaction")
+        self.guard = GuardProcess(
+            {"pii": pii_config, "cache_dir": str(cache_dir), "key_prefix": key_prefix, "nice": 10},
+            name="request-log-redaction",
+        )
 
     def cpu_seconds(self) -> float | None:
         return self.guard.cpu_seconds()

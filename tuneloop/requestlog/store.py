@@ -70,7 +70,7 @@ def _folder(url: str | None, home: Path) -> Path:
     if not url:
         return home / "requests"
     if url.startswith("file://"):
-        return Path(url[len("file://"):])
+        return Path(url[len("file://") :])
     return Path(url).expanduser()
 
 
@@ -122,8 +122,7 @@ class SegmentSink:
         if not records:
             return
         f = self._file(stream)
-        f.write("".join(json.dumps(r, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
-                        for r in records))
+        f.write("".join(json.dumps(r, ensure_ascii=False, separators=(",", ":"), default=str) + "\n" for r in records))
         f.flush()
         os.fsync(f.fileno())
 
@@ -162,7 +161,7 @@ def _parse_lines(lines: Iterable[str]) -> Iterator[dict]:
 
 
 def _bucket_and_prefix(url: str) -> tuple[str, str]:
-    rest = url[len("s3://"):]
+    rest = url[len("s3://") :]
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise LogError(f"request_log.url {url!r}: no bucket (s3://bucket/prefix)")
@@ -174,8 +173,9 @@ def _s3_client():
     from botocore.config import Config
 
     # endpoint (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3), region and credentials as boto3 finds them
-    return boto3.client("s3", config=Config(retries={"max_attempts": 5, "mode": "standard"},
-                                            connect_timeout=5, read_timeout=30))
+    return boto3.client(
+        "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=30)
+    )
 
 
 class S3Sink(SegmentSink):
@@ -205,8 +205,9 @@ class S3Sink(SegmentSink):
             if not (mine or (include_dead and _owner_gone(path))):
                 continue
             try:
-                self._client.put_object(Bucket=self.bucket, Key=self._key(path), Body=path.read_bytes(),
-                                        ContentType="application/x-ndjson")
+                self._client.put_object(
+                    Bucket=self.bucket, Key=self._key(path), Body=path.read_bytes(), ContentType="application/x-ndjson"
+                )
             except Exception as exc:  # noqa: BLE001 - kept staged, tried again at the next write
                 log.warning("request log: uploading %s to %s failed (kept, will retry): %s", path.name, self.url, exc)
                 return
@@ -280,7 +281,8 @@ class SqlSink:
         self.meta = sa.MetaData()
         self.tables = {
             stream: sa.Table(
-                f"tuneloop_{stream}", self.meta,
+                f"tuneloop_{stream}",
+                self.meta,
                 sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
                 sa.Column("request_id", sa.String(64), index=True),
                 sa.Column("time", sa.String(32), index=True),
@@ -293,8 +295,14 @@ class SqlSink:
     def write(self, stream: str, records: list[dict]) -> None:
         if not records:
             return
-        rows = [{"request_id": r.get("request_id"), "time": r.get("time"),
-                 "record": json.dumps(r, ensure_ascii=False, default=str)} for r in records]
+        rows = [
+            {
+                "request_id": r.get("request_id"),
+                "time": r.get("time"),
+                "record": json.dumps(r, ensure_ascii=False, default=str),
+            }
+            for r in records
+        ]
         with self.engine.begin() as conn:
             conn.execute(self.tables[stream].insert(), rows)
 
@@ -302,8 +310,9 @@ class SqlSink:
         t = self.tables[stream]
         q = t.select().order_by(t.c.time, t.c.seq)
         if since is not None:  # the stored times are ISO UTC strings: they sort as times do
-            q = q.where(t.c.time >= since.astimezone(timezone.utc).isoformat(timespec="milliseconds")
-                        .replace("+00:00", "Z"))
+            q = q.where(
+                t.c.time >= since.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            )
         with self.engine.connect() as conn:
             for row in conn.execute(q):
                 yield json.loads(row.record)
@@ -319,8 +328,9 @@ class SqlSink:
 # reading
 
 
-def read_records(url: str | None, home: Path, stream: str = "requests", since: datetime | None = None,
-                 until: datetime | None = None) -> list[dict]:
+def read_records(
+    url: str | None, home: Path, stream: str = "requests", since: datetime | None = None, until: datetime | None = None
+) -> list[dict]:
     """Every record of the stream in [since, until), oldest first, from every writer."""
     if stream not in STREAMS:
         raise LogError(f"unknown log stream {stream!r} (one of {', '.join(STREAMS)})")
@@ -363,8 +373,12 @@ def write_export(records: Iterable[dict], path: Path | None, fmt: str) -> int:
         raise LogError(f"--format {fmt} needs --output FILE")
     import pandas as pd
 
-    frame = pd.DataFrame([{k: (json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v)
-                           for k, v in r.items()} for r in records])
+    frame = pd.DataFrame(
+        [
+            {k: (json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
+            for r in records
+        ]
+    )
     if fmt == "csv":
         frame.to_csv(path, index=False)
     elif fmt == "parquet":

@@ -73,10 +73,12 @@ class RequestLogMetrics:
         import prometheus_client as prom
 
         kw = {} if registry is None else {"registry": registry}
-        self._records = prom.Counter("tuneloop_request_log_records", "Request-log records written",
-                                     ["stream", "result"], **kw)
-        self._pending = prom.Gauge("tuneloop_request_log_pending", "Request-log records not yet written",
-                                   multiprocess_mode="livesum", **kw)
+        self._records = prom.Counter(
+            "tuneloop_request_log_records", "Request-log records written", ["stream", "result"], **kw
+        )
+        self._pending = prom.Gauge(
+            "tuneloop_request_log_pending", "Request-log records not yet written", multiprocess_mode="livesum", **kw
+        )
         self._cpu = prom.Counter("tuneloop_request_log_cpu_seconds", "CPU time the request log used", ["part"], **kw)
 
     def records(self, stream: str, result: str, n: int) -> None:
@@ -91,9 +93,17 @@ class RequestLogMetrics:
 
 
 class RequestLog:
-    def __init__(self, sink, flush_interval_s: float = 1.0, texts: str = "redacted",
-                 redactor: Callable[[], Any] | None = None, spill=None, metrics=None, niceness: int = 10,
-                 max_text_chars: int = 20_000):
+    def __init__(
+        self,
+        sink,
+        flush_interval_s: float = 1.0,
+        texts: str = "redacted",
+        redactor: Callable[[], Any] | None = None,
+        spill=None,
+        metrics=None,
+        niceness: int = 10,
+        max_text_chars: int = 20_000,
+    ):
         """sink: store.SegmentSink / SqlSink; redactor: a function returning an object with
         redact_many(texts) -> texts, called once (None: texts the gateway did not redact are
         omitted); spill: a SegmentSink for when sink fails;
@@ -204,14 +214,27 @@ class RequestLog:
 
     def _spill(self, stream: str, records: list[dict], exc: Exception) -> None:
         if self.spill is None:
-            log.error("request log: could not write %d %s records to %s (%s: %s); keeping them to retry",
-                      len(records), stream, self.sink, type(exc).__name__, exc)
+            log.error(
+                "request log: could not write %d %s records to %s (%s: %s); keeping them to retry",
+                len(records),
+                stream,
+                self.sink,
+                type(exc).__name__,
+                exc,
+            )
             with self._lock:
                 self._buffer[:0] = [(stream, r) for r in records]
             time.sleep(min(self.flush_interval_s, 1.0))
             return
-        log.error("request log: %s failed (%s: %s); %d %s records written to %s instead", self.sink,
-                  type(exc).__name__, exc, len(records), stream, self.spill)
+        log.error(
+            "request log: %s failed (%s: %s); %d %s records written to %s instead",
+            self.sink,
+            type(exc).__name__,
+            exc,
+            len(records),
+            stream,
+            self.spill,
+        )
         self.spill.write(stream, records)
         self.spilled += len(records)
         self.metrics.records(stream, "spilled", len(records))
@@ -263,8 +286,12 @@ class RequestLog:
             try:
                 redacted = iter(redactor.redact_many(texts))
             except Exception as exc:  # never write what could not be redacted: withheld, on time
-                log.error("request log: redaction failed for %d records (%s: %s); their texts are withheld",
-                          len(call), type(exc).__name__, exc)
+                log.error(
+                    "request log: redaction failed for %d records (%s: %s); their texts are withheld",
+                    len(call),
+                    type(exc).__name__,
+                    exc,
+                )
                 for i, fields in call:
                     out[i] = _omit(records[i], fields, "redaction failed")
                 self.withheld += len(call)
@@ -368,8 +395,12 @@ def open_request_log(cfg, pii=None, metrics=None) -> RequestLog | None:
         if settings.spacy_model_dir is not None:
             settings = settings.model_copy(update={"spacy_model_dir": cfg.resolve(settings.spacy_model_dir)})
         if rl.redact_in == "process":
-            return ProcessRedactor(settings.model_dump(mode="json"), str(cfg.home / "gateway"), cfg.gateway.key_prefix,
-                                   timeout_s=rl.redaction_timeout_s)
+            return ProcessRedactor(
+                settings.model_dump(mode="json"),
+                str(cfg.home / "gateway"),
+                cfg.gateway.key_prefix,
+                timeout_s=rl.redaction_timeout_s,
+            )
         shared = pii() if callable(pii) else pii
         if shared is not None:
             return InProcessRedactor(shared)

@@ -72,8 +72,7 @@ class BatchGenerator:
             width = max(len(s.prompt_ids) for s in group)
             pad = tok.pad_token_id
             input_ids = torch.tensor([[pad] * (width - len(s.prompt_ids)) + s.prompt_ids for s in group])
-            attention_mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids)
-                                           for s in group])
+            attention_mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in group])
             input_ids = input_ids.to(self.loaded.model.device)
             attention_mask = attention_mask.to(self.loaded.model.device)
             rows = [row_sampler(s.params) for s in group]
@@ -124,8 +123,9 @@ class _RowTracker:
     was cancelled. `generate` stops once every row has ended.
     """
 
-    def __init__(self, streams: list[GenerationStream], stop_ids: frozenset[int],
-                 samplers: Sequence[RowSampler | None] = ()):
+    def __init__(
+        self, streams: list[GenerationStream], stop_ids: frozenset[int], samplers: Sequence[RowSampler | None] = ()
+    ):
         self.streams = streams
         self.stop_ids = stop_ids
         self.samplers = list(samplers) or [None] * len(streams)
@@ -170,4 +170,3 @@ class _RowTracker:
         for i in range(len(self.streams)):
             if not self.ended[i]:
                 self._end(i, reason)
-

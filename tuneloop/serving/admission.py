@@ -85,19 +85,24 @@ class AdmissionController:
 
     def _check_share(self, slots: int, tokens: int, share: Share) -> None:
         gens, toks = self.held.get(share.tenant, (0, 0))
-        for what, need, have, cap, param in (("generations", slots, gens, share.generations, "n"),
-                                             ("tokens (prompt + max_tokens per generation)", tokens, toks,
-                                              share.tokens, "max_tokens")):
+        for what, need, have, cap, param in (
+            ("generations", slots, gens, share.generations, "n"),
+            ("tokens (prompt + max_tokens per generation)", tokens, toks, share.tokens, "max_tokens"),
+        ):
             if cap is None:
                 continue
             if need > cap:
                 raise InvalidRequest(
                     f"this request needs {need} {what} at once, more than this API key may hold "
-                    f"({cap}); send fewer prompts, a smaller n or max_tokens", param=param)
+                    f"({cap}); send fewer prompts, a smaller n or max_tokens",
+                    param=param,
+                )
             if have + need > cap:
                 raise Overloaded(
                     f"this API key holds {have} of its {cap} {what} in flight; retry after "
-                    f"{self.retry_after_s:g} s (other keys are not affected)", retry_after_s=self.retry_after_s)
+                    f"{self.retry_after_s:g} s (other keys are not affected)",
+                    retry_after_s=self.retry_after_s,
+                )
 
     def _release(self, ticket: Ticket) -> None:
         self.in_flight -= ticket.slots

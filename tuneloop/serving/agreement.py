@@ -62,9 +62,11 @@ class AgreementReport:
         return self.exact * BAR_OF >= BAR_EXACT * self.prompts and self.top1 >= BAR_TOP1
 
     def line(self) -> str:
-        return (f"{self.exact}/{self.prompts} greedy answers equal, word-prefix {self.word_prefix:.3f}, "
-                f"top-1 {self.top1:.4f}, KL {self.kl:.2e} over {self.tokens} tokens: "
-                f"{'passes' if self.passes else 'FAILS'} the bar ({BAR_EXACT}/{BAR_OF}, top-1 >= {BAR_TOP1})")
+        return (
+            f"{self.exact}/{self.prompts} greedy answers equal, word-prefix {self.word_prefix:.3f}, "
+            f"top-1 {self.top1:.4f}, KL {self.kl:.2e} over {self.tokens} tokens: "
+            f"{'passes' if self.passes else 'FAILS'} the bar ({BAR_EXACT}/{BAR_OF}, top-1 >= {BAR_TOP1})"
+        )
 
     def to_dict(self) -> dict:
         return {**asdict(self), "passes": self.passes}
@@ -83,7 +85,9 @@ def text_prompts(n: int = 24, words: int = 24, path: Path = TEXT) -> list[dict]:
     bootstrap model answers every chat prompt with newlines)."""
     paragraphs = [p for p in path.read_text().split("\n\n") if len(p.split()) >= words]
     step = max(len(paragraphs) // n, 1)
-    return [{"id": f"t{i + 1:02d}", "prompt": " ".join(p.split()[:words])} for i, p in enumerate(paragraphs[::step][:n])]
+    return [
+        {"id": f"t{i + 1:02d}", "prompt": " ".join(p.split()[:words])} for i, p in enumerate(paragraphs[::step][:n])
+    ]
 
 
 def prompt_ids(loaded, prompts: list[dict]) -> list[list[int]]:
@@ -105,7 +109,7 @@ def prompt_ids(loaded, prompts: list[dict]) -> list[list[int]]:
 def text_windows(loaded, path: Path = TEXT, window: int = WINDOW) -> list[list[int]]:
     ids = loaded.tokenizer(path.read_text(), add_special_tokens=False)["input_ids"]
     window = min(window, loaded.context_length)
-    return [ids[i:i + window] for i in range(0, len(ids) - 1, window) if len(ids[i:i + window]) > 1]
+    return [ids[i : i + window] for i in range(0, len(ids) - 1, window) if len(ids[i : i + window]) > 1]
 
 
 def word_prefix(a: str, b: str) -> float:
@@ -137,8 +141,9 @@ class Reference:
         with torch.inference_mode():
             self.answers = [self._greedy(ids) for ids in self.ids]
         self.seconds = time.perf_counter() - started
-        log.info("agreement reference (%s, float32): %d answers in %.1f s", self.model_dir, len(self.answers),
-                 self.seconds)
+        log.info(
+            "agreement reference (%s, float32): %d answers in %.1f s", self.model_dir, len(self.answers), self.seconds
+        )
 
     def _greedy(self, ids: list[int]) -> list[int]:
         import torch
@@ -146,11 +151,15 @@ class Reference:
 
         loaded = self.loaded
         out = loaded.model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            generation_config=GenerationConfig(do_sample=False, max_new_tokens=self.max_new_tokens,
-                                               eos_token_id=sorted(loaded.stop_ids),
-                                               pad_token_id=loaded.tokenizer.pad_token_id),
-        )[0, len(ids):].tolist()
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            generation_config=GenerationConfig(
+                do_sample=False,
+                max_new_tokens=self.max_new_tokens,
+                eos_token_id=sorted(loaded.stop_ids),
+                pad_token_id=loaded.tokenizer.pad_token_id,
+            ),
+        )[0, len(ids) :].tolist()
         while out and out[-1] in loaded.stop_ids:
             out.pop()
         return out
@@ -183,14 +192,26 @@ class Reference:
         decode = self.loaded.tokenizer.decode
         answers = []
         for p, want, have in zip(self.prompts, self.answers, got):
-            answers.append({"id": p.get("id"), "reference": decode(want, skip_special_tokens=True),
-                            "candidate": decode(have, skip_special_tokens=True), "equal": want == have})
+            answers.append(
+                {
+                    "id": p.get("id"),
+                    "reference": decode(want, skip_special_tokens=True),
+                    "candidate": decode(have, skip_special_tokens=True),
+                    "equal": want == have,
+                }
+            )
         report = AgreementReport(
-            label=label or f"slots {described} {dtype}", model=str(self.model_dir),
-            exact=sum(a["equal"] for a in answers), prompts=len(answers),
+            label=label or f"slots {described} {dtype}",
+            model=str(self.model_dir),
+            exact=sum(a["equal"] for a in answers),
+            prompts=len(answers),
             word_prefix=sum(word_prefix(a["reference"], a["candidate"]) for a in answers) / max(len(answers), 1),
-            top1=top1 / max(n, 1), kl=kl / max(n, 1), tokens=n, seconds=round(time.perf_counter() - started, 1),
-            answers=answers)
+            top1=top1 / max(n, 1),
+            kl=kl / max(n, 1),
+            tokens=n,
+            seconds=round(time.perf_counter() - started, 1),
+            answers=answers,
+        )
         del candidate
         return report
 
@@ -205,8 +226,9 @@ def candidate_answers(loaded, serving, prompts: list[list[int]], max_new_tokens:
         await asyncio.to_thread(engine.ready.wait, 600)
 
         async def one(i: int, ids: list[int]) -> list[int]:
-            stream = GenerationStream(f"agreement-{i}", ids, SamplingParams(max_new_tokens=max_new_tokens,
-                                                                           temperature=0.0))
+            stream = GenerationStream(
+                f"agreement-{i}", ids, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+            )
             engine.submit(stream)
             out: list[int] = []
             async for new in stream.events():
@@ -232,13 +254,17 @@ def candidate_forward(loaded, serving):
     if serving.forward == "fused" and fused_forward.unsupported_reason(loaded.model) is None:
         max_len = min(loaded.context_length, WINDOW)
         fused = fused_forward.fused_forward_for(loaded.model, max_len)
-        config = loaded.model.config.get_text_config() if hasattr(loaded.model.config, "get_text_config") \
+        config = (
+            loaded.model.config.get_text_config()
+            if hasattr(loaded.model.config, "get_text_config")
             else loaded.model.config
+        )
         cache = allocate_slot_cache(config.num_hidden_layers, 2, max_len)
         cache.allocate_shape(fused.kv_heads, fused.head_dim, loaded.model.dtype, loaded.model.device)
         with torch.inference_mode():
             mismatch = fused_forward.check_against_transformers(fused, loaded.model, cache.kv)
         if mismatch is None:
+
             def forward(window: list[int]):
                 n = len(window) - 1
                 ids = torch.tensor(window[:-1])

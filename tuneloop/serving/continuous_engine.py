@@ -30,8 +30,14 @@ class ContinuousEngine:
 
     engine = "continuous"  # as an API Backend: submit(stream)
 
-    def __init__(self, loaded: LoadedModel, num_blocks: int, page_size: int, max_batch_tokens: int,
-                 on_batch: BatchObserver | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        page_size: int,
+        max_batch_tokens: int,
+        on_batch: BatchObserver | None = None,
+    ):
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         self.loaded = loaded
@@ -81,7 +87,7 @@ class ContinuousEngine:
             tokens = list(output.generated_tokens)
             finished = output.is_finished()
             hit_stop = bool(tokens) and finished and tokens[-1] in stop_ids and not stream.params.ignore_eos
-            new = tokens[emitted: len(tokens) - 1 if hit_stop else len(tokens)]
+            new = tokens[emitted : len(tokens) - 1 if hit_stop else len(tokens)]
             emitted += len(new)
             stream.emit(new, sampler.take_logprobs(len(new)) if new else None)
             if output.error:
@@ -99,15 +105,18 @@ class ContinuousEngine:
                 self.manager.output_router.result_handlers.pop(rid, None)
 
         stream.claimed = True
-        sampler = self._sampler.register(rid, stream.params,
-                                         on_failure=lambda exc: self._fail(rid, stream, on_cancel, exc))
+        sampler = self._sampler.register(
+            rid, stream.params, on_failure=lambda exc: self._fail(rid, stream, on_cancel, exc)
+        )
         self.manager.register_result_handler(rid, on_output)
         stream.add_cancel_hook(on_cancel)
         self.manager.add_request(
-            stream.prompt_ids, request_id=rid, max_new_tokens=stream.params.max_new_tokens, streaming=True,
+            stream.prompt_ids,
+            request_id=rid,
+            max_new_tokens=stream.params.max_new_tokens,
+            streaming=True,
             eos_token_id=-1 if stream.params.ignore_eos else sorted(stop_ids),  # -1: none
         )
-
 
     def _fail(self, rid: str, stream: GenerationStream, on_cancel: Callable[[], None], error: BaseException) -> None:
         """End one request with an error from the manager's thread (its sampling failed):
@@ -150,8 +159,9 @@ class _ContinuousSampler:
         self._rows: list = []
         self._ids: list[str] = []
 
-    def register(self, request_id: str, params: SamplingParams,
-                 on_failure: Callable[[BaseException], None] | None = None) -> RowSampler:
+    def register(
+        self, request_id: str, params: SamplingParams, on_failure: Callable[[BaseException], None] | None = None
+    ) -> RowSampler:
         sampler = RowSampler(params)
         with self._lock:
             self._params[request_id] = sampler
@@ -185,8 +195,7 @@ class _ContinuousSampler:
                 on_failure = self._on_failure.get(self._ids[i])
             if on_failure is not None:
                 on_failure(exc)
-        counting = [i for i, r in enumerate(self._rows) if i not in failures and r is not None
-                    and r.counts_tokens]
+        counting = [i for i, r in enumerate(self._rows) if i not in failures and r is not None and r.counts_tokens]
         if counting:  # the manager's argmax will pick exactly these (the scores are shaped / one-hot)
             for i, token in zip(counting, scores[counting].argmax(dim=-1).tolist()):
                 self._rows[i].observe(token)

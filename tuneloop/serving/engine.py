@@ -83,8 +83,14 @@ class GenerationStream:
     finish) are when the asyncio side could first see them.
     """
 
-    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop | None = None, interval_s: float = 0.0):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        loop: asyncio.AbstractEventLoop | None = None,
+        interval_s: float = 0.0,
+    ):
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
         self.params = params
@@ -351,12 +357,15 @@ def choose_cpu_dtype(model, requested: str = "auto"):
     import torch
 
     if requested in ("auto", "float32"):
-        return torch.float32, "float32" + (" (auto: the dtype whose answers are the reference's)"
-                                           if requested == "auto" else "")
+        return torch.float32, "float32" + (
+            " (auto: the dtype whose answers are the reference's)" if requested == "auto" else ""
+        )
     if requested == "bfloat16-lossy":
-        return torch.bfloat16, (f"bfloat16-lossy (configured): weights, activations and cache in bfloat16, faster "
-                                f"and NOT the reference's answers ({BF16_COST}; `tuneloop agreement --dtype "
-                                f"bfloat16-lossy` measures it on this model)")
+        return torch.bfloat16, (
+            f"bfloat16-lossy (configured): weights, activations and cache in bfloat16, faster "
+            f"and NOT the reference's answers ({BF16_COST}; `tuneloop agreement --dtype "
+            f"bfloat16-lossy` measures it on this model)"
+        )
     raise ValueError(f"serving.dtype must be auto, float32 or bfloat16-lossy, not {requested!r}")
 
 

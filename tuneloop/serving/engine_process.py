@@ -122,14 +122,22 @@ class EngineProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen(
             [sys.executable, "-m", "tuneloop.serving.engine_process", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), env=env, cwd=str(REPO_ROOT), start_new_session=True)
+            pass_fds=(to_child_r, from_child_w),
+            env=env,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
+        )
         os.close(to_child_r)
         os.close(from_child_w)  # the child's end only: EOF here when it exits
         with self._send_lock:
             self._proc, self._send_conn = proc, Connection(to_child_w, readable=False)
         self._send(("start", str(self.model_dir), self.serving.model_dump(mode="json")))
-        threading.Thread(target=self._read, args=(Connection(from_child_r, writable=False), proc),
-                         name="engine-process-reader", daemon=True).start()
+        threading.Thread(
+            target=self._read,
+            args=(Connection(from_child_r, writable=False), proc),
+            name="engine-process-reader",
+            daemon=True,
+        ).start()
 
     def _supervise(self) -> None:
         """Watch the child: a start that takes too long fails; a crash after it served is
@@ -148,14 +156,24 @@ class EngineProcess:
             self._crashes = [t for t in self._crashes if now - t < RESTART_WINDOW_S] + [now]
             if len(self._crashes) > MAX_RESTARTS:
                 self.gave_up = True
-                log.critical("engine process: %d crashes within %.0f s (last: code %s); not restarting it again: "
-                             "the server reports itself dead (/livez) so that it is restarted whole",
-                             len(self._crashes), RESTART_WINDOW_S, code)
+                log.critical(
+                    "engine process: %d crashes within %.0f s (last: code %s); not restarting it again: "
+                    "the server reports itself dead (/livez) so that it is restarted whole",
+                    len(self._crashes),
+                    RESTART_WINDOW_S,
+                    code,
+                )
                 return
             delay = min(RESTART_MAX_DELAY_S, 2.0 ** (len(self._crashes) - 1))
             self.restart_at = now + delay
-            log.error("engine process exited (code %s): restarting it in %.0f s (%d of %d crashes allowed within "
-                      "%.0f s)", code, delay, len(self._crashes), MAX_RESTARTS, RESTART_WINDOW_S)
+            log.error(
+                "engine process exited (code %s): restarting it in %.0f s (%d of %d crashes allowed within %.0f s)",
+                code,
+                delay,
+                len(self._crashes),
+                MAX_RESTARTS,
+                RESTART_WINDOW_S,
+            )
             if self._wake.wait(delay) or self._stopping:
                 return
             self.ready.clear()
@@ -191,8 +209,12 @@ class EngineProcess:
                     self.forward_name, self.compile_mode = facts["forward_name"], facts["compile_mode"]
                     self.compiled, self.compile_seconds = facts["compiled"], facts["compile_seconds"]
                     self.max_len, self.dtype = facts["context_length"], facts["dtype"]
-                    log.info("engine process %d: ready (%s)%s", proc.pid, facts["describe"],
-                             f"; restart {self.restarts}" if self.restarts else "")
+                    log.info(
+                        "engine process %d: ready (%s)%s",
+                        proc.pid,
+                        facts["describe"],
+                        f"; restart {self.restarts}" if self.restarts else "",
+                    )
                     self.served_once = True
                     self.ready.set()
                 elif kind == "failed":
@@ -263,8 +285,7 @@ class EngineProcess:
 
     @property
     def is_running(self) -> bool:
-        return (self._proc is not None and self._proc.poll() is None and self.failed is None
-                and self.ready.is_set())
+        return self._proc is not None and self._proc.poll() is None and self.failed is None and self.ready.is_set()
 
     @property
     def context_length(self) -> int:
@@ -284,10 +305,14 @@ class EngineProcess:
         if not self.is_running:
             if self.restart_at is not None or (self.served_once and not self.gave_up and not self._stopping):
                 wait = max(1.0, (self.restart_at or time.monotonic()) - time.monotonic() + 5.0)
-                raise Unavailable("the generation engine is restarting after a crash; retry shortly",
-                                  retry_after_s=wait)
-            raise Unavailable(f"the generation engine is not running{': ' + self.failed if self.failed else ''}; "
-                              "the server is not ready", retry_after_s=1)
+                raise Unavailable(
+                    "the generation engine is restarting after a crash; retry shortly", retry_after_s=wait
+                )
+            raise Unavailable(
+                f"the generation engine is not running{': ' + self.failed if self.failed else ''}; "
+                "the server is not ready",
+                retry_after_s=1,
+            )
         stream.claimed = True
         rid = stream.request_id
         self._streams[rid] = stream
@@ -367,8 +392,11 @@ def _portable(error: BaseException) -> BaseException:
 
 
 def _child(read_fd: int, write_fd: int) -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s engine-process[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s engine-process[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     _, model_dir, serving_dict = _get(inbox)
     try:
@@ -395,12 +423,22 @@ def _child(read_fd: int, write_fd: int) -> None:
     import torch  # loaded by now (load_model); this module, imported by the server's process, needs none
 
     freeze_heap()  # as the server's process does after its warm-up: no full GC pass stalls a step
-    _put(outbox, ("ready", {
-        "forward_name": engine.forward_name, "compile_mode": engine.compile_mode, "compiled": engine.compiled,
-        "compile_seconds": engine.compile_seconds, "context_length": engine.context_length,
-        "dtype": loaded.model.dtype,
-        "describe": f"{engine.plan.describe()}; forward {engine.forward_name}; {torch.get_num_threads()} threads; "
-                    f"up in {time.perf_counter() - started:.1f} s"}))
+    _put(
+        outbox,
+        (
+            "ready",
+            {
+                "forward_name": engine.forward_name,
+                "compile_mode": engine.compile_mode,
+                "compiled": engine.compiled,
+                "compile_seconds": engine.compile_seconds,
+                "context_length": engine.context_length,
+                "dtype": loaded.model.dtype,
+                "describe": f"{engine.plan.describe()}; forward {engine.forward_name}; {torch.get_num_threads()} threads; "
+                f"up in {time.perf_counter() - started:.1f} s",
+            },
+        ),
+    )
     try:
         while True:
             msg = _get(inbox)

@@ -24,8 +24,15 @@ class ServingError(Exception):
     # Counted in tuneloop_requests_rejected_total{reason=...}
     reason: str = "internal_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after_s: float | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -124,8 +131,14 @@ def openai_error_body(message: str, type: str, param: str | None = None, code: s
 def error_for_status(status: int, message: str) -> ServingError:
     """The ServingError for a bare HTTP status (e.g. from BentoML's own handlers)."""
     by_status: dict[int, type[ServingError]] = {
-        400: InvalidRequest, 404: RouteNotFound, 405: MethodNotAllowed, 413: RequestTooLarge, 422: InvalidRequest,
-        429: Overloaded, 503: Unavailable, 504: RequestTimeout,
+        400: InvalidRequest,
+        404: RouteNotFound,
+        405: MethodNotAllowed,
+        413: RequestTooLarge,
+        422: InvalidRequest,
+        429: Overloaded,
+        503: Unavailable,
+        504: RequestTimeout,
     }
     cls = by_status.get(status, InvalidRequest if 400 <= status < 500 else InternalError)
     err = cls(message)

@@ -135,9 +135,9 @@ def _fuse(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     start = 0
     for layer in linears:
         rows = layer.weight.shape[0]
-        layer.weight.data = weight[start:start + rows]
+        layer.weight.data = weight[start : start + rows]
         if bias is not None:
-            layer.bias.data = bias[start:start + rows]
+            layer.bias.data = bias[start : start + rows]
         start += rows
     return weight, bias
 
@@ -163,8 +163,9 @@ class FusedDecoder:
             raise RuntimeError("the fused forward's kernels could not be built (see the log)")
         self.model, self.dtype, self.max_len = model, model.dtype, max_len
         self.storage = STORAGE[self.dtype]
-        self._attention = self._kernel(library, "ragged_attention", [ctypes.c_void_p] * 9 + [ctypes.c_long] * 5
-                                       + [ctypes.c_float])
+        self._attention = self._kernel(
+            library, "ragged_attention", [ctypes.c_void_p] * 9 + [ctypes.c_long] * 5 + [ctypes.c_float]
+        )
         self.pack = _packing_works(self.dtype)
         self.layers: list[_Layer] = []
         self.lm_head: _Linear
@@ -198,8 +199,15 @@ class FusedDecoder:
     def linears(self) -> list[_Linear]:
         return [self.lm_head, *(lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.up, layer.down))]
 
-    def forward(self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor,
-                logit_rows: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        starts: torch.Tensor,
+        logit_rows: torch.Tensor,
+        kv: torch.Tensor,
+    ) -> torch.Tensor:
         """ids, slots, positions, starts: int64 [n], one entry per token. Token i is written at
         cache position positions[i] of slot slots[i] and attends to starts[i]..positions[i]
         there (its position in its sequence is positions[i] - starts[i]). kv: the engine's
@@ -219,9 +227,23 @@ class FusedDecoder:
         for i, layer in enumerate(self.layers):
             self._norm(x, delta, layer.norm1, h, n)
             qkv = layer.qkv(h)
-            self._attention(qkv.data_ptr(), kv[i, 0].data_ptr(), kv[i, 1].data_ptr(), cos_p, sin_p, slots_p,
-                            positions_p, starts_p, attended.data_ptr(), n, self.heads, self.kv_heads, kv.shape[4],
-                            self.head_dim, layer.scale)
+            self._attention(
+                qkv.data_ptr(),
+                kv[i, 0].data_ptr(),
+                kv[i, 1].data_ptr(),
+                cos_p,
+                sin_p,
+                slots_p,
+                positions_p,
+                starts_p,
+                attended.data_ptr(),
+                n,
+                self.heads,
+                self.kv_heads,
+                kv.shape[4],
+                self.head_dim,
+                layer.scale,
+            )
             self._norm(x, layer.o(attended), layer.norm2, h, n)
             delta = layer.down(self._activate(layer.up(h), n))
         if logit_rows.numel() == 0:  # only chunks of prompts still incomplete
@@ -259,24 +281,31 @@ class FusedLlama(FusedDecoder):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.hidden = config.hidden_size
         self.eps = float(config.rms_norm_eps)
-        self._rms_norm = self._kernel(slot_attention.load_library(), "add_rms_norm",
-                                      [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_float])
-        self._silu_mul = self._kernel(slot_attention.load_library(), "silu_mul",
-                                      [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2)
+        self._rms_norm = self._kernel(
+            slot_attention.load_library(),
+            "add_rms_norm",
+            [ctypes.c_void_p] * 4 + [ctypes.c_long] * 2 + [ctypes.c_float],
+        )
+        self._silu_mul = self._kernel(
+            slot_attention.load_library(), "silu_mul", [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+        )
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.final_norm = (inner.norm.weight, None)
         self.lm_head = _Linear(model.lm_head.weight, model.lm_head.bias, self.pack)
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
-                norm1=(layer.input_layernorm.weight, None),
-                qkv=_Linear(*_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), self.pack),
-                o=_Linear(attn.o_proj.weight, attn.o_proj.bias, self.pack),
-                norm2=(layer.post_attention_layernorm.weight, None),
-                up=_Linear(*_fuse([mlp.gate_proj, mlp.up_proj]), self.pack),
-                down=_Linear(mlp.down_proj.weight, mlp.down_proj.bias, self.pack),
-                scale=float(getattr(attn, "scaling", self.head_dim ** -0.5))))
+            self.layers.append(
+                _Layer(
+                    norm1=(layer.input_layernorm.weight, None),
+                    qkv=_Linear(*_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), self.pack),
+                    o=_Linear(attn.o_proj.weight, attn.o_proj.bias, self.pack),
+                    norm2=(layer.post_attention_layernorm.weight, None),
+                    up=_Linear(*_fuse([mlp.gate_proj, mlp.up_proj]), self.pack),
+                    down=_Linear(mlp.down_proj.weight, mlp.down_proj.bias, self.pack),
+                    scale=float(getattr(attn, "scaling", self.head_dim**-0.5)),
+                )
+            )
         # RoPE tables for every position a slot holds, in float32, from the model's own
         # rotary module (its inv_freq and attention scaling): what its forward would compute.
         with torch.no_grad():
@@ -316,8 +345,11 @@ class FusedGPT2(FusedDecoder):
         self.hidden = config.n_embd
         self.head_dim = self.hidden // self.heads
         self.eps = float(config.layer_norm_epsilon)
-        self._layer_norm = self._kernel(slot_attention.load_library(), "add_layer_norm",
-                                        [ctypes.c_void_p] * 5 + [ctypes.c_long] * 2 + [ctypes.c_float])
+        self._layer_norm = self._kernel(
+            slot_attention.load_library(),
+            "add_layer_norm",
+            [ctypes.c_void_p] * 5 + [ctypes.c_long] * 2 + [ctypes.c_float],
+        )
         self._gelu = self._kernel(slot_attention.load_library(), "gelu_tanh", [ctypes.c_void_p] + [ctypes.c_long] * 2)
         inner = model.transformer
         self.embed, self.positions = inner.wte.weight, inner.wpe.weight
@@ -328,17 +360,25 @@ class FusedGPT2(FusedDecoder):
             return _Linear(layer.weight.t(), layer.bias, self.pack)
 
         for block in inner.h:
-            self.layers.append(_Layer(
-                norm1=(block.ln_1.weight, block.ln_1.bias), qkv=conv1d(block.attn.c_attn),
-                o=conv1d(block.attn.c_proj), norm2=(block.ln_2.weight, block.ln_2.bias),
-                up=conv1d(block.mlp.c_fc), down=conv1d(block.mlp.c_proj), scale=float(block.attn.scaling)))
+            self.layers.append(
+                _Layer(
+                    norm1=(block.ln_1.weight, block.ln_1.bias),
+                    qkv=conv1d(block.attn.c_attn),
+                    o=conv1d(block.attn.c_proj),
+                    norm2=(block.ln_2.weight, block.ln_2.bias),
+                    up=conv1d(block.mlp.c_fc),
+                    down=conv1d(block.mlp.c_proj),
+                    scale=float(block.attn.scaling),
+                )
+            )
 
     def _embed(self, ids, positions):
         return F.embedding(ids, self.embed) + F.embedding(positions, self.positions)
 
     def _norm(self, x, delta, norm, out, n):
-        self._layer_norm(x.data_ptr(), _ptr(delta), norm[0].data_ptr(), norm[1].data_ptr(), out.data_ptr(), n,
-                         self.hidden, self.eps)
+        self._layer_norm(
+            x.data_ptr(), _ptr(delta), norm[0].data_ptr(), norm[1].data_ptr(), out.data_ptr(), n, self.hidden, self.eps
+        )
 
     def _activate(self, up, n):
         self._gelu(up.data_ptr(), n, up.shape[1])  # in place
@@ -364,7 +404,7 @@ def check_against_transformers(fused: FusedDecoder, model, kv: torch.Tensor) -> 
     """
     g = torch.Generator().manual_seed(0)
     vocab = fused.embed.shape[0]
-    lengths = [7, 3][:kv.shape[2]]
+    lengths = [7, 3][: kv.shape[2]]
     prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
     following = torch.randint(0, vocab, (len(prompts),), generator=g)
 
@@ -375,13 +415,24 @@ def check_against_transformers(fused: FusedDecoder, model, kv: torch.Tensor) -> 
     slots = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
     positions = torch.cat([torch.arange(n) for n in lengths])
     starts = torch.zeros_like(ids)
-    checks = [("prefill", fused.forward(ids, slots, positions, starts, torch.arange(len(ids)), kv),
-               torch.cat([reference(p) for p in prompts]))]
+    checks = [
+        (
+            "prefill",
+            fused.forward(ids, slots, positions, starts, torch.arange(len(ids)), kv),
+            torch.cat([reference(p) for p in prompts]),
+        )
+    ]
     n = len(prompts)
-    decoded = fused.forward(following, torch.arange(n), torch.tensor(lengths), torch.zeros(n, dtype=torch.long),
-                            torch.arange(n), kv)
-    checks.append(("decode", decoded, torch.stack([reference(torch.cat([p, following[i:i + 1]]))[-1]
-                                                  for i, p in enumerate(prompts)])))
+    decoded = fused.forward(
+        following, torch.arange(n), torch.tensor(lengths), torch.zeros(n, dtype=torch.long), torch.arange(n), kv
+    )
+    checks.append(
+        (
+            "decode",
+            decoded,
+            torch.stack([reference(torch.cat([p, following[i : i + 1]]))[-1] for i, p in enumerate(prompts)]),
+        )
+    )
     for what, ours, theirs in checks:
         difference = float((ours.float() - theirs).norm() / theirs.norm().clamp(min=1e-12))
         if not difference <= TOLERANCE[fused.dtype]:  # (NaN fails too)

@@ -43,8 +43,7 @@ class ChampionWatcher:
     def applies(cfg, served: ServedModel, engine) -> str | None:
         """Why this server cannot follow the champion, or None when it can."""
         if served.name != cfg.mlflow.registered_model or not str(served.version).isdigit():
-            return (f"it serves {served.id}, not a version of the registered model "
-                    f"{cfg.mlflow.registered_model}")
+            return f"it serves {served.id}, not a version of the registered model {cfg.mlflow.registered_model}"
         if not hasattr(engine, "swap_weights"):
             return f"the {getattr(engine, 'engine', 'adaptive')} engine cannot swap weights (the slots engine can)"
         return None

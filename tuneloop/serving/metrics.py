@@ -25,10 +25,8 @@ in the service's __init__, never at import time.
 
 from __future__ import annotations
 
-TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                         0.75, 1.0, 2.5)
-REQUEST_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
-                           300.0)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+REQUEST_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -39,34 +37,63 @@ class ServingMetrics:
         kw = {} if registry is None else {"registry": registry}
         self.model, self.engine = model, engine
         labels = ["model", "engine"]
-        self.ttft = prom.Histogram("tuneloop_time_to_first_token_seconds", "Time to first token",
-                                   labels, buckets=TOKEN_LATENCY_BUCKETS, **kw)
-        self.tpot = prom.Histogram("tuneloop_time_per_output_token_seconds", "Time per output token after the first",
-                                   labels, buckets=TOKEN_LATENCY_BUCKETS, **kw)
-        self.e2e = prom.Histogram("tuneloop_e2e_request_latency_seconds", "End-to-end generation latency",
-                                  labels, buckets=REQUEST_LATENCY_BUCKETS, **kw)
+        self.ttft = prom.Histogram(
+            "tuneloop_time_to_first_token_seconds", "Time to first token", labels, buckets=TOKEN_LATENCY_BUCKETS, **kw
+        )
+        self.tpot = prom.Histogram(
+            "tuneloop_time_per_output_token_seconds",
+            "Time per output token after the first",
+            labels,
+            buckets=TOKEN_LATENCY_BUCKETS,
+            **kw,
+        )
+        self.e2e = prom.Histogram(
+            "tuneloop_e2e_request_latency_seconds",
+            "End-to-end generation latency",
+            labels,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            **kw,
+        )
         self.prompt_tokens = prom.Counter("tuneloop_prompt_tokens", "Prompt tokens processed", labels, **kw)
         self.generation_tokens = prom.Counter("tuneloop_generation_tokens", "Tokens generated", labels, **kw)
         # livesum: in BentoML's multiprocess mode, the sum over live worker processes.
-        self.running = prom.Gauge("tuneloop_num_requests_running", "Generations producing tokens", labels,
-                                  multiprocess_mode="livesum", **kw)
-        self.waiting = prom.Gauge("tuneloop_num_requests_waiting", "Admitted generations without a token yet",
-                                  labels, multiprocess_mode="livesum", **kw)
-        self.batch_size = prom.Histogram("tuneloop_batch_size", "Rows per generation batch (adaptive) or step "
-                                         "(continuous, slots)", ["engine"], buckets=BATCH_SIZE_BUCKETS, **kw)
-        self.rejected = prom.Counter("tuneloop_requests_rejected", "Requests refused or aborted, by reason",
-                                     ["reason"], **kw)
+        self.running = prom.Gauge(
+            "tuneloop_num_requests_running", "Generations producing tokens", labels, multiprocess_mode="livesum", **kw
+        )
+        self.waiting = prom.Gauge(
+            "tuneloop_num_requests_waiting",
+            "Admitted generations without a token yet",
+            labels,
+            multiprocess_mode="livesum",
+            **kw,
+        )
+        self.batch_size = prom.Histogram(
+            "tuneloop_batch_size",
+            "Rows per generation batch (adaptive) or step (continuous, slots)",
+            ["engine"],
+            buckets=BATCH_SIZE_BUCKETS,
+            **kw,
+        )
+        self.rejected = prom.Counter(
+            "tuneloop_requests_rejected", "Requests refused or aborted, by reason", ["reason"], **kw
+        )
         self.success = prom.Counter("tuneloop_request_success", "Generations finished", ["finish_reason"], **kw)
         self.retries = prom.Counter("tuneloop_internal_retries", "In-process calls retried", ["error"], **kw)
         # Wall time the engine's steps and the filter's encoder batches held the CPU, in turns
         # (tuneloop/cpu_turns.py): the filter's share of it is what it costs the engine.
-        self.cpu_turns = prom.Counter("tuneloop_cpu_turn_seconds", "Seconds the CPU's turns were held, by holder",
-                                      ["holder"], **kw)
+        self.cpu_turns = prom.Counter(
+            "tuneloop_cpu_turn_seconds", "Seconds the CPU's turns were held, by holder", ["holder"], **kw
+        )
         self._labels = {"model": model, "engine": engine}
         # Which version serves now (1) and which served before (0): the other series keep the
         # label this process started with, also after a hot swap (tuneloop/serving/hotswap.py).
-        self.model_info = prom.Gauge("tuneloop_model_info", "1 for the model version this replica serves now",
-                                     ["model"], multiprocess_mode="livemax", **kw)
+        self.model_info = prom.Gauge(
+            "tuneloop_model_info",
+            "1 for the model version this replica serves now",
+            ["model"],
+            multiprocess_mode="livemax",
+            **kw,
+        )
         self.model_info.labels(model=model).set(1)
 
     def serving(self, old: str, new: str) -> None:

@@ -47,8 +47,11 @@ def resolve_model_dir(cfg: TuneloopConfig) -> Path:
     serving = cfg.serving
     path = cfg.resolve(serving.model_dir) if serving.model_dir else Path(cfg.base_model_ref)
     if not (path / "config.json").exists():
-        hint = ("run `tuneloop bootstrap` first" if cfg.model.base_model == "bootstrap" and not serving.model_dir
-                else "set serving.model_dir (or TUNELOOP_SERVE_MODEL_DIR) to a Hugging Face model folder")
+        hint = (
+            "run `tuneloop bootstrap` first"
+            if cfg.model.base_model == "bootstrap" and not serving.model_dir
+            else "set serving.model_dir (or TUNELOOP_SERVE_MODEL_DIR) to a Hugging Face model folder"
+        )
         raise ServingSetupError(f"no model to serve at {path} (no config.json there): {hint}")
     return path
 

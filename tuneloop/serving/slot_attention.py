@@ -384,10 +384,11 @@ SOURCE = _DECODE_SOURCE + _TYPES + _typed("f32", "float") + _typed("bf16", "uint
 # infinities (the softmax starts from -INFINITY), GCC < 13 links crtfastmath into a shared
 # object, whose constructor sets flush-to-zero on the thread that loads it.
 BUILDS = [
-    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DTUNELOOP_VECTOR_EXPF", "-shared", "-fPIC"],
-     ["-lmvec", "-lm"]),
-    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"],
-     ["-lm"]),
+    (
+        ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DTUNELOOP_VECTOR_EXPF", "-shared", "-fPIC"],
+        ["-lmvec", "-lm"],
+    ),
+    (["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"], ["-lm"]),
 ]
 
 _kernel = None  # the loaded function, once load_kernel() succeeded
@@ -422,8 +423,13 @@ def _build(compiler: str, target: Path) -> None:
         built = Path(tmp) / target.name
         for i, (flags, libs) in enumerate(BUILDS):
             try:
-                subprocess.run([compiler, *flags, str(source), "-o", str(built), *libs],
-                               check=True, capture_output=True, text=True, timeout=120)
+                subprocess.run(
+                    [compiler, *flags, str(source), "-o", str(built), *libs],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 break
             except subprocess.CalledProcessError:
                 if i == len(BUILDS) - 1:
@@ -474,8 +480,11 @@ def _register_op() -> None:
     if hasattr(torch.ops.tuneloop, "slot_decode_attention"):
         return  # registered by an earlier load (the op calls whatever _kernel is now)
 
-    @torch.library.custom_op("tuneloop::slot_decode_attention", mutates_args=(),
-                             schema="(Tensor query, Tensor keys, Tensor values, Tensor lo, Tensor hi, float scale) -> Tensor")
+    @torch.library.custom_op(
+        "tuneloop::slot_decode_attention",
+        mutates_args=(),
+        schema="(Tensor query, Tensor keys, Tensor values, Tensor lo, Tensor hi, float scale) -> Tensor",
+    )
     def slot_decode_attention(query, keys, values, lo, hi, scale):
         """query [n, H, 1, D]; keys, values [slots >= n, KVH, M, D]; lo, hi [n] (int64): the
         positions of slot i that row i attends to. Returns [n, H, 1, D]."""
@@ -486,8 +495,20 @@ def _register_op() -> None:
         out = torch.empty_like(query)
         if heads % keys.shape[1]:
             raise ValueError(f"{heads} query heads do not share {keys.shape[1]} kv heads evenly")
-        _kernel(query.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), lo.data_ptr(),
-                hi.data_ptr(), n, heads, keys.shape[1], keys.shape[2], dim, scale)
+        _kernel(
+            query.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            out.data_ptr(),
+            lo.data_ptr(),
+            hi.data_ptr(),
+            n,
+            heads,
+            keys.shape[1],
+            keys.shape[2],
+            dim,
+            scale,
+        )
         return out
 
     @slot_decode_attention.register_fake
@@ -507,8 +528,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     caches the SlotCache returns (all slots' full length); otherwise it is plain sdpa.
     """
     if slot_bounds is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     lo, hi = slot_bounds
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = torch.ops.tuneloop.slot_decode_attention(query, key, value, lo, hi, scale)

@@ -54,7 +54,7 @@ def _zeros_on_huge_pages(shape: tuple[int, ...], dtype, device):
     except OSError:  # EINVAL: transparent huge pages are off; small pages then
         pass
     # Zeroing is the first touch: the pages fault in huge.
-    return buffer[offset:offset + nbytes].view(dtype).view(shape).zero_()
+    return buffer[offset : offset + nbytes].view(dtype).view(shape).zero_()
 
 
 def allocate_slot_cache(num_layers: int, num_slots: int, max_len: int):
@@ -91,7 +91,7 @@ def allocate_slot_cache(num_layers: int, num_slots: int, max_len: int):
             self.values[o.rows[:n], :, o.positions] = value_states[:, :, 0]
             if o.whole_slots:  # the slot attention kernel reads each row's own range itself
                 return self.keys[:n], self.values[:n]
-            return self.keys[:n, :, :o.kv_len], self.values[:n, :, :o.kv_len]
+            return self.keys[:n, :, : o.kv_len], self.values[:n, :, : o.kv_len]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.owner.kv_len, 0  # unused: the engine always passes a 4D mask
@@ -156,8 +156,10 @@ class KVCachePlan:
         return self.tokens * self.bytes_per_token / 2**30
 
     def describe(self) -> str:
-        return (f"KV cache: {self.tokens} tokens ({self.gib:.2f} GiB) = {self.num_slots} slots x {self.slot_len} "
-                f"tokens; a request may use up to {self.slot_len} tokens (prompt + max_tokens)")
+        return (
+            f"KV cache: {self.tokens} tokens ({self.gib:.2f} GiB) = {self.num_slots} slots x {self.slot_len} "
+            f"tokens; a request may use up to {self.slot_len} tokens (prompt + max_tokens)"
+        )
 
 
 MIN_SLOT_LEN = 2048  # without max_model_len, slots shrink to fit max_batch_size in the budget, not below this
@@ -184,8 +186,14 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def plan_kv_cache(model, context_length: int, max_slots: int, kv_cache_tokens: int | None = None,
-                  kv_cache_gib: float | None = None, max_model_len: int | None = None) -> KVCachePlan:
+def plan_kv_cache(
+    model,
+    context_length: int,
+    max_slots: int,
+    kv_cache_tokens: int | None = None,
+    kv_cache_gib: float | None = None,
+    max_model_len: int | None = None,
+) -> KVCachePlan:
     """Size the cache by a budget, not by max_slots x the model's whole context window.
 
     The budget: kv_cache_tokens, else kv_cache_gib, else DEFAULT_KV_FRACTION of the memory
@@ -204,8 +212,9 @@ def plan_kv_cache(model, context_length: int, max_slots: int, kv_cache_tokens: i
         source = f"{DEFAULT_KV_FRACTION:.0%} of available memory"
     if max_model_len is not None:
         if max_model_len > context_length:
-            raise SlotEngineError(f"serving.max_model_len={max_model_len} is above the model's context window "
-                                  f"of {context_length} tokens")
+            raise SlotEngineError(
+                f"serving.max_model_len={max_model_len} is above the model's context window of {context_length} tokens"
+            )
         slot_len = max_model_len
     else:
         slot_len = min(context_length, max(budget // max_slots, min(context_length, MIN_SLOT_LEN)))
@@ -214,6 +223,7 @@ def plan_kv_cache(model, context_length: int, max_slots: int, kv_cache_tokens: i
         if max_model_len is not None or budget < 64:
             raise SlotEngineError(
                 f"the KV cache budget ({source}: {budget} tokens, {per_token} bytes each) holds no slot of "
-                f"{slot_len} tokens; raise serving.kv_cache_tokens / kv_cache_gib or lower serving.max_model_len")
+                f"{slot_len} tokens; raise serving.kv_cache_tokens / kv_cache_gib or lower serving.max_model_len"
+            )
         slots, slot_len = 1, budget
     return KVCachePlan(slots, slot_len, per_token)

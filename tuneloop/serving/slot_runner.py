@@ -60,8 +60,10 @@ def decoder_layers(model) -> list:
 
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
     if not lists:
-        raise SlotEngineError(f"{type(model).__name__}: no repeated decoder layers to compile regionally; "
-                              "use serving.compile_mode: full, or serving.compile: false")
+        raise SlotEngineError(
+            f"{type(model).__name__}: no repeated decoder layers to compile regionally; "
+            "use serving.compile_mode: full, or serving.compile: false"
+        )
     return list(max(lists, key=len))
 
 
@@ -112,9 +114,18 @@ class SlotRow:
 class SlotRunner:
     """The model, its KV cache of slots, and the forward that runs over them (module docstring)."""
 
-    def __init__(self, loaded: LoadedModel, num_slots: int, compile: bool = False, decode_attention: str = "kernel",
-                 kv_cache_tokens: int | None = None, kv_cache_gib: float | None = None,
-                 max_model_len: int | None = None, compile_mode: str = "auto", forward: str = "fused"):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_slots: int,
+        compile: bool = False,
+        decode_attention: str = "kernel",
+        kv_cache_tokens: int | None = None,
+        kv_cache_gib: float | None = None,
+        max_model_len: int | None = None,
+        compile_mode: str = "auto",
+        forward: str = "fused",
+    ):
         import torch
 
         config = loaded.model.config
@@ -123,13 +134,15 @@ class SlotRunner:
             raise SlotEngineError(
                 f"{loaded.path}: the slots engine needs a decoder with full attention on every layer "
                 f"(this one is {text_config.model_type} with a sliding window or an encoder); "
-                "use serving.engine: continuous")
+                "use serving.engine: continuous"
+            )
         self.loaded = loaded
         self.model = loaded.model
         self.device = self.model.device
         # num_slots is the most slots; the budget may give fewer, each of plan.slot_len tokens
-        self.plan = plan_kv_cache(self.model, loaded.context_length, num_slots, kv_cache_tokens, kv_cache_gib,
-                                  max_model_len)
+        self.plan = plan_kv_cache(
+            self.model, loaded.context_length, num_slots, kv_cache_tokens, kv_cache_gib, max_model_len
+        )
         log.info("slots engine: %s", self.plan.describe())
         self.num_slots = self.plan.num_slots
         self.max_len = self.plan.slot_len
@@ -231,8 +244,12 @@ class SlotRunner:
         with torch.inference_mode():
             mismatch = fused_forward.check_against_transformers(fused, self.model, self.cache.kv)
         if mismatch is not None:
-            log.warning("slots engine: the fused forward disagrees with transformers' on %s (%s); "
-                        "serving with transformers' forward", self.loaded.path, mismatch)
+            log.warning(
+                "slots engine: the fused forward disagrees with transformers' on %s (%s); "
+                "serving with transformers' forward",
+                self.loaded.path,
+                mismatch,
+            )
             return None
         return fused
 
@@ -249,8 +266,10 @@ class SlotRunner:
         # The model must hand our keyword to its attention layers and read the cache as a
         # transformers model should: check on two rows (one left-padded) against sdpa.
         with torch.inference_mode():
-            rows = [SlotRow(WarmUpSink([1, 2, 3, 4], 2), offset=0, length=4, last=-1),  # type: ignore[arg-type]
-                    SlotRow(WarmUpSink([5, 6], 2), offset=2, length=2, last=-1)][:self.num_slots]  # type: ignore[arg-type]
+            rows = [
+                SlotRow(WarmUpSink([1, 2, 3, 4], 2), offset=0, length=4, last=-1),  # type: ignore[arg-type]
+                SlotRow(WarmUpSink([5, 6], 2), offset=2, length=2, last=-1),
+            ][: self.num_slots]  # type: ignore[arg-type]
             logits = self.prefill(rows, 0, self._run_model)  # uncompiled: compiling comes after this choice
             for row, token in zip(rows, logits.argmax(dim=-1).tolist()):
                 row.last = token
@@ -265,8 +284,11 @@ class SlotRunner:
             reference = self._decode_model(state)  # rewrites the same cache entries
         if ours is None or not torch.allclose(ours, reference, rtol=1e-4, atol=1e-4):
             if ours is not None:
-                log.warning("slot attention kernel disagrees with sdpa on %s (max |diff| %.2e); decoding uses sdpa",
-                            self.loaded.path, float((ours - reference).abs().max()))
+                log.warning(
+                    "slot attention kernel disagrees with sdpa on %s (max |diff| %.2e); decoding uses sdpa",
+                    self.loaded.path,
+                    float((ours - reference).abs().max()),
+                )
             return False
         return True
 
@@ -317,17 +339,25 @@ class SlotRunner:
         if self.kernel:  # row i attends to offsets[i]..writes[i] of its slot; the mask is a placeholder
             self.cache.whole_slots = True
             try:
-                return self._run_model(ids, self._no_mask[:ids.shape[0]], positions,
-                                       slot_bounds=(offsets[:, 0], writes[:, 0]))
+                return self._run_model(
+                    ids, self._no_mask[: ids.shape[0]], positions, slot_bounds=(offsets[:, 0], writes[:, 0])
+                )
             finally:
                 self.cache.whole_slots = False
-        cols = self._arange[:self.cache.kv_len][None, :]
+        cols = self._arange[: self.cache.kv_len][None, :]
         mask = (cols <= writes) & (cols >= offsets)
         return self._run_model(ids, mask[:, None, None, :], positions)
 
     def _run_model(self, input_ids, mask, position_ids, **attention_kwargs):
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1, **attention_kwargs)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **attention_kwargs,
+        )
         return out.logits[:, -1, :]
 
     def fused_step(self, rows: list[SlotRow], chunks: dict[int, int]):
@@ -347,7 +377,7 @@ class SlotRunner:
         for slot, row in enumerate(rows):
             if slot in chunks:
                 first, count = row.prefilled, chunks[slot]
-                ids.extend(row.stream.prompt_ids[first:first + count])
+                ids.extend(row.stream.prompt_ids[first : first + count])
                 positions.extend(range(first, first + count))
                 if first + count == len(row.stream.prompt_ids):
                     picks.append(len(ids) - 1)
@@ -369,8 +399,9 @@ class SlotRunner:
         def longs(values: list[int]):
             return torch.tensor(values, dtype=torch.long, device=self.device)
 
-        logits = self.fused.forward(longs(ids), longs(slots), longs(positions), longs(starts), longs(picks),
-                                    self.cache.kv)
+        logits = self.fused.forward(
+            longs(ids), longs(slots), longs(positions), longs(starts), longs(picks), self.cache.kv
+        )
         for row in decoding:
             row.length += 1  # its `last` token is in the cache now
         for slot, count in chunks.items():

@@ -35,7 +35,6 @@ freed, weight swaps at a step boundary. The model runs in slot_runner.py (SlotRu
 forward passes over the slots, token picking); the cache and its size are slot_cache.py's.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -57,14 +56,32 @@ class SlotEngine:
 
     engine = "slots"
 
-    def __init__(self, loaded: LoadedModel, num_slots: int, max_prefill_tokens: int = 2048,
-                 compile: bool = False, on_batch: BatchObserver | None = None, decode_attention: str = "kernel",
-                 kv_cache_tokens: int | None = None, kv_cache_gib: float | None = None,
-                 max_model_len: int | None = None, compile_mode: str = "auto", forward: str = "fused"):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_slots: int,
+        max_prefill_tokens: int = 2048,
+        compile: bool = False,
+        on_batch: BatchObserver | None = None,
+        decode_attention: str = "kernel",
+        kv_cache_tokens: int | None = None,
+        kv_cache_gib: float | None = None,
+        max_model_len: int | None = None,
+        compile_mode: str = "auto",
+        forward: str = "fused",
+    ):
         self.loaded = loaded
-        self.runner = SlotRunner(loaded, num_slots, compile=compile, decode_attention=decode_attention,
-                                 kv_cache_tokens=kv_cache_tokens, kv_cache_gib=kv_cache_gib,
-                                 max_model_len=max_model_len, compile_mode=compile_mode, forward=forward)
+        self.runner = SlotRunner(
+            loaded,
+            num_slots,
+            compile=compile,
+            decode_attention=decode_attention,
+            kv_cache_tokens=kv_cache_tokens,
+            kv_cache_gib=kv_cache_gib,
+            max_model_len=max_model_len,
+            compile_mode=compile_mode,
+            forward=forward,
+        )
         self.plan = self.runner.plan
         self.num_slots = self.runner.num_slots  # num_slots is the most; the cache budget may give fewer
         self.max_len = self.runner.max_len
@@ -85,10 +102,19 @@ class SlotEngine:
     @classmethod
     def from_config(cls, loaded: LoadedModel, serving, on_batch: BatchObserver | None = None) -> "SlotEngine":
         """The engine as configured (a ServingConfig: tuneloop/config.py)."""
-        return cls(loaded, serving.max_batch_size, serving.max_prefill_tokens, compile=serving.compile,
-                   on_batch=on_batch, decode_attention=serving.decode_attention,
-                   kv_cache_tokens=serving.kv_cache_tokens, kv_cache_gib=serving.kv_cache_gib,
-                   max_model_len=serving.max_model_len, compile_mode=serving.compile_mode, forward=serving.forward)
+        return cls(
+            loaded,
+            serving.max_batch_size,
+            serving.max_prefill_tokens,
+            compile=serving.compile,
+            on_batch=on_batch,
+            decode_attention=serving.decode_attention,
+            kv_cache_tokens=serving.kv_cache_tokens,
+            kv_cache_gib=serving.kv_cache_gib,
+            max_model_len=serving.max_model_len,
+            compile_mode=serving.compile_mode,
+            forward=serving.forward,
+        )
 
     # ---- what the runner chose (read once ready) ----------------------------------------
     @property
@@ -140,8 +166,7 @@ class SlotEngine:
         """Queue stream for a slot (any thread; called on the event loop by the API)."""
         with self._wake:
             if self._closed or not self.is_running:
-                raise Unavailable("the generation engine is not running; the server is not ready",
-                                  retry_after_s=1)
+                raise Unavailable("the generation engine is not running; the server is not ready", retry_after_s=1)
             stream.claimed = True
             self._inbox.append(stream)
             self._wake.notify()
@@ -157,8 +182,9 @@ class SlotEngine:
             self._loop()
         except BaseException as exc:
             log.critical("slots engine: the generation thread died; failing every request", exc_info=True)
-            ending = Unavailable(f"the generation engine died ({type(exc).__name__}: {exc}); the server is "
-                                 "not ready", retry_after_s=1)
+            ending = Unavailable(
+                f"the generation engine died ({type(exc).__name__}: {exc}); the server is not ready", retry_after_s=1
+            )
         finally:
             self.ready.set()  # start-up is over either way: whoever waits reads is_running
             with self._wake:
@@ -173,9 +199,13 @@ class SlotEngine:
         """Pick the forward, the decoding attention and compile, on this thread, before taking requests."""
         self.runner.choose_forward()
         if self.runner.ragged:
-            log.info("slots engine: fused forward (%s, %s, ragged steps: prompts prefilled in chunks of up to %d "
-                     "tokens beside the decodes)", type(self.runner.fused).__name__, self.runner.fused.dtype,
-                     self.max_prefill_tokens)
+            log.info(
+                "slots engine: fused forward (%s, %s, ragged steps: prompts prefilled in chunks of up to %d "
+                "tokens beside the decodes)",
+                type(self.runner.fused).__name__,
+                self.runner.fused.dtype,
+                self.max_prefill_tokens,
+            )
         if self.runner.compiled:
             started = time.perf_counter()
             try:
@@ -289,8 +319,7 @@ class SlotEngine:
                 self._inbox.popleft()
                 width = new_width
                 params = stream.params
-                row = SlotRow(stream, offset=0, length=n, last=-1,
-                              sampler=row_sampler(params))
+                row = SlotRow(stream, offset=0, length=n, last=-1, sampler=row_sampler(params))
                 newcomers.append(row)
                 self.rows.append(row)
         for row in newcomers:
@@ -309,8 +338,16 @@ class SlotEngine:
                     continue
                 self._admissions += 1
                 n = len(stream.prompt_ids)
-                self.rows.append(SlotRow(stream, offset=0, length=n, last=-1, sampler=row_sampler(stream.params),
-                                         admitted=self._admissions))
+                self.rows.append(
+                    SlotRow(
+                        stream,
+                        offset=0,
+                        length=n,
+                        last=-1,
+                        sampler=row_sampler(stream.params),
+                        admitted=self._admissions,
+                    )
+                )
                 waiting += n
 
     # ---- the steps ----------------------------------------------------------------------
@@ -411,8 +448,10 @@ class SlotEngine:
             for prompts in ([[1]], [[1, 2, 3]], [[1], [2]], [[1, 2, 3], [4, 5]]):
                 # Rows made here, not through the queue: requests that arrive while this
                 # compiles (the server's own warm-up) wait, so each batch has the shape it should.
-                newcomers = [SlotRow(WarmUpSink(ids, 3), offset=len(max(prompts, key=len)) - len(ids),
-                                     length=len(ids), last=-1) for ids in prompts]  # type: ignore[arg-type]
+                newcomers = [
+                    SlotRow(WarmUpSink(ids, 3), offset=len(max(prompts, key=len)) - len(ids), length=len(ids), last=-1)
+                    for ids in prompts
+                ]  # type: ignore[arg-type]
                 self.rows.extend(newcomers)
                 self._prefill(newcomers)
                 while self.rows:

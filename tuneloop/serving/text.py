@@ -37,16 +37,16 @@ class TextAssembler:
         """Settles the new tokens' text if it ends on a whole character; returns what stays unsettled."""
         if self._read == len(self.ids):
             return ""
-        new_text = self._decode(self.ids[self._prefix:])
+        new_text = self._decode(self.ids[self._prefix :])
         if len(new_text) <= len(self._prefix_text):
             return ""
-        pending = new_text[len(self._prefix_text):]
+        pending = new_text[len(self._prefix_text) :]
         if pending.endswith("\ufffd"):
             return pending
         self._win += pending
         self._done += len(pending)
         self._prefix, self._read = self._read, len(self.ids)
-        self._prefix_text = self._decode(self.ids[self._prefix:self._read])
+        self._prefix_text = self._decode(self.ids[self._prefix : self._read])
         return ""
 
     def add(self, token_ids: list[int]) -> str:
@@ -86,10 +86,8 @@ class TextAssembler:
         base = self._win_start
         delta = ""
         if upto + base > self.sent:
-            delta, self.sent = text[self.sent - base:upto], upto + base
+            delta, self.sent = text[self.sent - base : upto], upto + base
         keep_from = max(min(self.sent, self._done) - self._longest, 0)
         if keep_from > base:
-            self._win, self._win_start = self._win[keep_from - base:], keep_from
+            self._win, self._win_start = self._win[keep_from - base :], keep_from
         return delta
-
-

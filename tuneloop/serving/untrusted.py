@@ -35,8 +35,9 @@ def escape(text: str) -> str:
     """text with every control character and line separator written as \\xNN / \\uNNNN."""
     if not _UNSAFE.search(text):
         return text
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                       text)
+    return _UNSAFE.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text
+    )
 
 
 def _safe_arg(value):
@@ -197,12 +198,21 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
     async def _refuse(self, send, what: str) -> None:
-        err = RequestTooLarge(f"the request body ({what}) is over this server's limit of {self.limit} bytes "
-                              "(serving.max_request_bytes)")
+        err = RequestTooLarge(
+            f"the request body ({what}) is over this server's limit of {self.limit} bytes (serving.max_request_bytes)"
+        )
         body = json.dumps(err.body()).encode()
-        await send({"type": "http.response.start", "status": err.status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": err.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -214,4 +224,3 @@ def _content_length(scope) -> int | None:
             except ValueError:
                 return None
     return None
-

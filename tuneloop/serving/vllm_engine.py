@@ -51,12 +51,22 @@ class VLLMEngine:
 
     engine = "vllm"
 
-    def __init__(self, loaded: LoadedModel, python: Path, dtype: str = "auto", max_model_len: int | None = None,
-                 kv_cache_gib: float | None = None, extra_args: list[str] | None = None,
-                 ready_timeout_s: float = 600.0, log_path: Path | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        python: Path,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        kv_cache_gib: float | None = None,
+        extra_args: list[str] | None = None,
+        ready_timeout_s: float = 600.0,
+        log_path: Path | None = None,
+    ):
         if not Path(python).exists():
-            raise ServingSetupError(f"serving.engine is vllm but there is no vLLM Python at {python}: "
-                                    "run `make vllm-venv`, or set serving.vllm_python")
+            raise ServingSetupError(
+                f"serving.engine is vllm but there is no vLLM Python at {python}: "
+                "run `make vllm-venv`, or set serving.vllm_python"
+            )
         self.loaded = loaded
         self.python = Path(python)
         self.dtype = dtype
@@ -76,9 +86,24 @@ class VLLMEngine:
 
     # ---- lifecycle --------------------------------------------------------------------
     def command(self) -> list[str]:
-        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.loaded.path),
-                "--served-model-name", ENGINE_MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", self.dtype, "--max-model-len", str(self.max_model_len), *self.extra_args]
+        return [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.loaded.path),
+            "--served-model-name",
+            ENGINE_MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            *self.extra_args,
+        ]
 
     def launch(self) -> None:
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
@@ -86,8 +111,9 @@ class VLLMEngine:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gib)))
         out = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         log.info("vllm engine: starting %s", " ".join(self.command()))
-        self._proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            self.command(), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         threading.Thread(target=self._watch, name="vllm-engine-watch", daemon=True).start()
 
     def _watch(self) -> None:
@@ -95,8 +121,7 @@ class VLLMEngine:
         started = time.monotonic()
         while not self.ready.is_set():
             if self._proc.poll() is not None:
-                self._died(f"vLLM exited with code {self._proc.returncode} before it was ready"
-                           f"{self._log_hint()}")
+                self._died(f"vLLM exited with code {self._proc.returncode} before it was ready{self._log_hint()}")
                 return
             if time.monotonic() - started > self.ready_timeout_s:
                 self._died(f"vLLM was not ready after {self.ready_timeout_s:.0f} s{self._log_hint()}")
@@ -141,19 +166,28 @@ class VLLMEngine:
     def submit(self, stream: GenerationStream) -> None:
         """Start stream's generation (call on its event loop)."""
         if not self.ready.is_set() or not self.is_running:
-            raise Unavailable(f"the generation engine is not ready{': ' + self.failed if self.failed else ''}",
-                              retry_after_s=2)
+            raise Unavailable(
+                f"the generation engine is not ready{': ' + self.failed if self.failed else ''}", retry_after_s=2
+            )
         stream.claimed = True
         task = stream.loop.create_task(self._generate(stream))
         stream.add_cancel_hook(task.cancel)
 
     def body(self, stream: GenerationStream) -> dict:
         p = stream.params
-        body = {"model": ENGINE_MODEL_NAME, "prompt": stream.prompt_ids, "max_tokens": p.max_new_tokens,
-                "temperature": 0.0 if p.greedy else p.temperature, "top_p": p.top_p, "stream": True,
-                "return_token_ids": True, "ignore_eos": p.ignore_eos, "skip_special_tokens": False,
-                # the same stop tokens as every engine (eos, <|im_end|>); none with ignore_eos
-                "stop_token_ids": [] if p.ignore_eos else sorted(self.loaded.stop_ids)}
+        body = {
+            "model": ENGINE_MODEL_NAME,
+            "prompt": stream.prompt_ids,
+            "max_tokens": p.max_new_tokens,
+            "temperature": 0.0 if p.greedy else p.temperature,
+            "top_p": p.top_p,
+            "stream": True,
+            "return_token_ids": True,
+            "ignore_eos": p.ignore_eos,
+            "skip_special_tokens": False,
+            # the same stop tokens as every engine (eos, <|im_end|>); none with ignore_eos
+            "stop_token_ids": [] if p.ignore_eos else sorted(self.loaded.stop_ids),
+        }
         if p.seed is not None:
             body["seed"] = p.seed % 2**63
         if p.presence_penalty:
@@ -169,8 +203,11 @@ class VLLMEngine:
 
     async def _generate(self, stream: GenerationStream) -> None:
         if self._client is None:
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=5.0),
-                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            self._client = httpx.AsyncClient(
+                base_url=self.url,
+                timeout=httpx.Timeout(None, connect=5.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
         self._streams[stream.request_id] = stream
         finish = "length"
         try:
@@ -201,8 +238,9 @@ class VLLMEngine:
         except (InvalidRequest, InternalError, Unavailable) as exc:
             stream.finish("error", exc)
         except httpx.HTTPError as exc:
-            stream.finish("error", Unavailable(f"the generation engine did not answer ({type(exc).__name__})",
-                                               retry_after_s=1))
+            stream.finish(
+                "error", Unavailable(f"the generation engine did not answer ({type(exc).__name__})", retry_after_s=1)
+            )
         except Exception as exc:  # noqa: BLE001 - this request fails, with the reason in the log
             log.exception("vllm engine: request %s failed", stream.request_id)
             stream.finish("error", exc)
@@ -227,7 +265,8 @@ def _logprobs(obj: dict | None, n: int, top: int | None):
         return None
     entries = []
     for own, alternatives in list(zip(obj.get("token_logprobs") or [], obj.get("top_logprobs") or []))[:n]:
-        pairs = sorted(((int(k.split(":", 1)[1]), float(v)) for k, v in (alternatives or {}).items()),
-                       key=lambda kv: -kv[1])
+        pairs = sorted(
+            ((int(k.split(":", 1)[1]), float(v)) for k, v in (alternatives or {}).items()), key=lambda kv: -kv[1]
+        )
         entries.append((float(own), pairs[:top]))
     return entries

@@ -90,7 +90,8 @@ def check_spec_paths(cfg: TrainingK8sConfig, spec: TrainSpec) -> None:
         raise TrainingError(
             f"training {spec.name} on Kubernetes: {', '.join(problems)} not under the shared volume "
             f"{cfg.shared_volume_claim} (mounted at {mount} in the flow's pod and the training pods); "
-            f"set TUNELOOP_HOME under {mount}")
+            f"set TUNELOOP_HOME under {mount}"
+        )
 
 
 def _train_args(spec: TrainSpec) -> list[str]:
@@ -98,8 +99,12 @@ def _train_args(spec: TrainSpec) -> list[str]:
 
 
 def _env() -> list[dict[str, str]]:
-    return [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
-            {"name": "TRANSFORMERS_OFFLINE", "value": "1"}, {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
+    return [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+    ]
 
 
 def _resources(cfg: TrainingK8sConfig) -> dict[str, dict[str, Any]]:
@@ -121,13 +126,20 @@ def _shared_volume(cfg: TrainingK8sConfig) -> tuple[dict, dict]:
 
 
 def _metadata(name: str, spec: TrainSpec, namespace: str) -> dict[str, Any]:
-    return {"name": name, "namespace": namespace,
-            "labels": {"app.kubernetes.io/part-of": "tuneloop", "app.kubernetes.io/component": "training",
-                       "tuneloop.dev/candidate": _slug(spec.name)}}
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {
+            "app.kubernetes.io/part-of": "tuneloop",
+            "app.kubernetes.io/component": "training",
+            "tuneloop.dev/candidate": _slug(spec.name),
+        },
+    }
 
 
-def render_trainjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None,
-                    name: str | None = None) -> dict[str, Any]:
+def render_trainjob(
+    cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None, name: str | None = None
+) -> dict[str, Any]:
     """A Kubeflow Trainer v2 TrainJob that runs spec on cfg.nodes nodes."""
     name = name or job_name(spec)
     procs = processes_per_node(cfg, spec)
@@ -135,11 +147,29 @@ def render_trainjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None =
         # torchrun takes nnodes / nproc_per_node / node_rank / master from the PET_* variables.
         command = ["python", "-u", "-m", "torch.distributed.run", *_train_args(spec)]
     else:
-        command = ["mpirun", "--hostfile", MPI_HOSTFILE, "-np", str(cfg.nodes * procs),
-                   "-x", "PYTHONUNBUFFERED", "-x", "HF_HUB_OFFLINE", "-x", "TRANSFORMERS_OFFLINE",
-                   "python", "-u", *_train_args(spec)]
-    trainer: dict[str, Any] = {"image": image or cfg.image, "command": command, "env": _env(),
-                               "numNodes": cfg.nodes, "numProcPerNode": procs}
+        command = [
+            "mpirun",
+            "--hostfile",
+            MPI_HOSTFILE,
+            "-np",
+            str(cfg.nodes * procs),
+            "-x",
+            "PYTHONUNBUFFERED",
+            "-x",
+            "HF_HUB_OFFLINE",
+            "-x",
+            "TRANSFORMERS_OFFLINE",
+            "python",
+            "-u",
+            *_train_args(spec),
+        ]
+    trainer: dict[str, Any] = {
+        "image": image or cfg.image,
+        "command": command,
+        "env": _env(),
+        "numNodes": cfg.nodes,
+        "numProcPerNode": procs,
+    }
     resources = _resources(cfg)
     if resources:
         trainer["resourcesPerNode"] = resources
@@ -154,11 +184,20 @@ def render_trainjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None =
         "spec": {
             "runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime", "name": cfg.runtime},
             "trainer": trainer,
-            "runtimePatches": [{
-                "manager": RUNTIME_PATCH_MANAGER,
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                    {"name": job, "template": {"spec": {"template": {"spec": pod}}}} for job in jobs]}}},
-            }],
+            "runtimePatches": [
+                {
+                    "manager": RUNTIME_PATCH_MANAGER,
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {"name": job, "template": {"spec": {"template": {"spec": pod}}}} for job in jobs
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
         },
     }
     if cfg.timeout_s:
@@ -177,8 +216,9 @@ def _scheduled(pod: dict[str, Any], cfg: TrainingK8sConfig) -> dict[str, Any]:
     return pod
 
 
-def render_pytorchjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None,
-                      name: str | None = None) -> dict[str, Any]:
+def render_pytorchjob(
+    cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None, name: str | None = None
+) -> dict[str, Any]:
     """A Training Operator 1.9 PyTorchJob: one Master and nodes-1 Workers."""
     name = name or job_name(spec)
     procs = processes_per_node(cfg, spec)
@@ -188,8 +228,15 @@ def render_pytorchjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None
     container: dict[str, Any] = {
         "name": PYTORCH_CONTAINER,
         "image": image or cfg.image,
-        "command": ["python", "-u", "-m", "torch.distributed.run", "--master_addr=$(MASTER_ADDR)",
-                    "--master_port=$(MASTER_PORT)", *_train_args(spec)],
+        "command": [
+            "python",
+            "-u",
+            "-m",
+            "torch.distributed.run",
+            "--master_addr=$(MASTER_ADDR)",
+            "--master_port=$(MASTER_PORT)",
+            *_train_args(spec),
+        ],
         "env": _env(),
         "volumeMounts": [mount],
     }
@@ -217,8 +264,9 @@ def render_pytorchjob(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None
     }
 
 
-def render_job(cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None,
-               name: str | None = None) -> dict[str, Any]:
+def render_job(
+    cfg: TrainingK8sConfig, spec: TrainSpec, image: str | None = None, name: str | None = None
+) -> dict[str, Any]:
     render = render_trainjob if cfg.api == "trainjob" else render_pytorchjob
     return render(cfg, spec, image=image, name=name)
 
@@ -258,12 +306,24 @@ class JobKind:
 
 
 KINDS = {
-    "trainjob": JobKind(TRAINER_GROUP, TRAINER_VERSION, TRAINJOB_PLURAL, "Complete", "Failed",
-                        "jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0",
-                        TRAINER_CONTAINER),
-    "pytorchjob": JobKind(PYTORCH_GROUP, PYTORCH_VERSION, PYTORCHJOB_PLURAL, "Succeeded", "Failed",
-                          "training.kubeflow.org/job-name={name},training.kubeflow.org/replica-type=master",
-                          PYTORCH_CONTAINER),
+    "trainjob": JobKind(
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        TRAINJOB_PLURAL,
+        "Complete",
+        "Failed",
+        "jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0",
+        TRAINER_CONTAINER,
+    ),
+    "pytorchjob": JobKind(
+        PYTORCH_GROUP,
+        PYTORCH_VERSION,
+        PYTORCHJOB_PLURAL,
+        "Succeeded",
+        "Failed",
+        "training.kubeflow.org/job-name={name},training.kubeflow.org/replica-type=master",
+        PYTORCH_CONTAINER,
+    ),
 }
 
 
@@ -283,8 +343,15 @@ def job_state(obj: dict[str, Any], kind: JobKind) -> tuple[str, str]:
 class _LogFollower(threading.Thread):
     """Streams the leader pod's log to on_log once the pod runs; keeps the last lines."""
 
-    def __init__(self, clients: KubeClients, namespace: str, selector: str, container: str,
-                 on_log: Callable[[str], None], poll_s: float):
+    def __init__(
+        self,
+        clients: KubeClients,
+        namespace: str,
+        selector: str,
+        container: str,
+        on_log: Callable[[str], None],
+        poll_s: float,
+    ):
         super().__init__(daemon=True)
         self.clients, self.namespace, self.selector, self.container = clients, namespace, selector, container
         self.on_log, self.poll_s = on_log, poll_s
@@ -305,7 +372,8 @@ class _LogFollower(threading.Thread):
             if self.pod is None:
                 return
             resp = self.clients.core.read_namespaced_pod_log(
-                self.pod, self.namespace, container=self.container, follow=True, _preload_content=False)
+                self.pod, self.namespace, container=self.container, follow=True, _preload_content=False
+            )
             try:
                 for raw in resp:
                     line = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).rstrip()
@@ -320,10 +388,15 @@ class _LogFollower(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-def submit_training(cfg: TrainingK8sConfig, spec: TrainSpec, on_log: Callable[[str], None] = print,
-                    clients: KubeClients | None = None, image: str | None = None,
-                    sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic
-                    ) -> TrainResult:
+def submit_training(
+    cfg: TrainingK8sConfig,
+    spec: TrainSpec,
+    on_log: Callable[[str], None] = print,
+    clients: KubeClients | None = None,
+    image: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> TrainResult:
     """Run spec as a TrainJob / PyTorchJob, wait for it, return what launch_training returns."""
     check_spec_paths(cfg, spec)
     spec.save()  # on the shared volume: every rank reads it
@@ -334,10 +407,13 @@ def submit_training(cfg: TrainingK8sConfig, spec: TrainSpec, on_log: Callable[[s
     created = clients.custom.create_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, body)
     name = created["metadata"]["name"]
     what = f"{body['kind']} {ns}/{name}"
-    on_log(f"[{spec.name}] submitted {what} ({cfg.nodes} node(s) x {processes_per_node(cfg, spec)} process(es), "
-           f"image {body_image(body)})")
-    follower = _LogFollower(clients, ns, kind.leader_selector.format(name=name), kind.container, on_log,
-                            cfg.poll_interval_s)
+    on_log(
+        f"[{spec.name}] submitted {what} ({cfg.nodes} node(s) x {processes_per_node(cfg, spec)} process(es), "
+        f"image {body_image(body)})"
+    )
+    follower = _LogFollower(
+        clients, ns, kind.leader_selector.format(name=name), kind.container, on_log, cfg.poll_interval_s
+    )
     follower.start()
     # Our own deadline too: a job stuck Pending (no GPU nodes, image pull) never gets a Failed condition.
     deadline = clock() + cfg.timeout_s + 300 if cfg.timeout_s else None
@@ -354,8 +430,10 @@ def submit_training(cfg: TrainingK8sConfig, spec: TrainSpec, on_log: Callable[[s
             if state != "running":
                 break
             if deadline is not None and clock() > deadline:
-                raise TrainingError(f"training {spec.name}: {what} did not finish within {cfg.timeout_s:.0f} s "
-                                    f"(+300 s to start); deleted")
+                raise TrainingError(
+                    f"training {spec.name}: {what} did not finish within {cfg.timeout_s:.0f} s "
+                    f"(+300 s to start); deleted"
+                )
             sleep(cfg.poll_interval_s)
         follower.join(timeout=30)  # the rest of the log after the last poll
         if state == "failed":
@@ -363,19 +441,26 @@ def submit_training(cfg: TrainingK8sConfig, spec: TrainSpec, on_log: Callable[[s
             raise TrainingError(
                 f"training {spec.name} failed: {what}: {reason or 'Failed'} (output_dir {spec.output_dir}); "
                 f"last {len(tail)} log lines"
-                + (f" of pod {follower.pod}" if follower.pod else "") + ":\n" + "\n".join(tail))
+                + (f" of pod {follower.pod}" if follower.pod else "")
+                + ":\n"
+                + "\n".join(tail)
+            )
         outcome = "succeeded"
     finally:
         follower.stop.set()
-        if cfg.delete_after == "always" or (cfg.delete_after == "success" and outcome == "succeeded") \
-                or state == "running":  # interrupted, timed out or lost: nothing keeps running
+        if (
+            cfg.delete_after == "always"
+            or (cfg.delete_after == "success" and outcome == "succeeded")
+            or state == "running"
+        ):  # interrupted, timed out or lost: nothing keeps running
             _delete(clients, kind, ns, name, on_log, spec.name)
     try:
         result = json.loads(spec.result_path.read_text())
     except (OSError, ValueError) as exc:
         raise TrainingError(
             f"training {spec.name}: {what} succeeded but {spec.result_path} is unreadable ({exc}): is "
-            f"{cfg.shared_volume_claim} mounted at {cfg.shared_mount_path} in this pod too?") from None
+            f"{cfg.shared_volume_claim} mounted at {cfg.shared_mount_path} in this pod too?"
+        ) from None
     return TrainResult(model_dir=spec.model_dir, train_result=result, spec=spec)
 
 
@@ -395,24 +480,33 @@ def _pod_log_tail(clients: KubeClients, ns: str, pod: str | None, container: str
     return [line for line in str(text).splitlines() if line.strip()]
 
 
-def _delete(clients: KubeClients, kind: JobKind, ns: str, name: str, on_log: Callable[[str], None],
-            label: str) -> None:
+def _delete(clients: KubeClients, kind: JobKind, ns: str, name: str, on_log: Callable[[str], None], label: str) -> None:
     try:
-        clients.custom.delete_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, name,
-                                                       propagation_policy="Foreground")
+        clients.custom.delete_namespaced_custom_object(
+            kind.group, kind.version, ns, kind.plural, name, propagation_policy="Foreground"
+        )
         on_log(f"[{label}] deleted {ns}/{name}")
     except Exception as exc:  # noqa: BLE001 - already gone, or no permission: say so, don't mask the error
         if getattr(exc, "status", None) != 404:
             on_log(f"[{label}] could not delete {ns}/{name}: {exc}")
 
 
-def run_training(spec: TrainSpec, k8s: TrainingK8sConfig | None, on_log: Callable[[str], None] = print
-                 ) -> TrainResult:
+def run_training(spec: TrainSpec, k8s: TrainingK8sConfig | None, on_log: Callable[[str], None] = print) -> TrainResult:
     """launch_training or submit_training, as k8s.compute says (the flow's one call)."""
     if k8s is not None and k8s.compute == "kubernetes":
         return submit_training(k8s, spec, on_log=on_log)
     return launch.launch_training(spec, on_log=on_log)  # looked up at call time: tests stand in for it
 
 
-__all__ = ["TrainingK8sConfig", "KubeClients", "render_job", "render_trainjob", "render_pytorchjob",
-           "submit_training", "run_training", "job_state", "check_spec_paths", "job_name"]
+__all__ = [
+    "TrainingK8sConfig",
+    "KubeClients",
+    "render_job",
+    "render_trainjob",
+    "render_pytorchjob",
+    "submit_training",
+    "run_training",
+    "job_state",
+    "check_spec_paths",
+    "job_name",
+]

@@ -132,8 +132,9 @@ def _deepspeed_config_path(cfg: TuneloopConfig, path: Path | None, where: str) -
     return resolved
 
 
-def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path | str,
-                    start_from: str | None = None) -> list[TrainSpec]:
+def candidate_specs(
+    cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path | str, start_from: str | None = None
+) -> list[TrainSpec]:
     """One TrainSpec per entry of training.candidates (one spec if there are none), each
     starting from `start_from` (a model folder, e.g. the champion's) or the base model.
 
@@ -185,8 +186,12 @@ def candidate_specs(cfg: TuneloopConfig, dataset_dir: Path | str, run_root: Path
                 num_processes=training.num_processes,
                 launcher=training.launcher,
                 overrides=dict(overrides),
-                notes=list(notes) + ([f"continued from the champion: {json.dumps(continued, sort_keys=True)}"]
-                                     if start_from and continued else []),
+                notes=list(notes)
+                + (
+                    [f"continued from the champion: {json.dumps(continued, sort_keys=True)}"]
+                    if start_from and continued
+                    else []
+                ),
             )
         )
     return specs
@@ -205,11 +210,35 @@ def training_command(spec: TrainSpec, port: int) -> list[str]:
         return [sys.executable, "-u", "-m", module, *script]
     if spec.launcher == "deepspeed":
         # --num_gpus also sets the process count on CPU (without it: one per NUMA node).
-        return [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--num_gpus", str(n),
-                "--master_port", str(port), "--module", module, *script]
+        return [
+            sys.executable,
+            "-u",
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_gpus",
+            str(n),
+            "--master_port",
+            str(port),
+            "--module",
+            module,
+            *script,
+        ]
     if spec.launcher == "torchrun":
-        return [sys.executable, "-u", "-m", "torch.distributed.run", "--nproc_per_node", str(n),
-                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", module, *script]
+        return [
+            sys.executable,
+            "-u",
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(n),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            "-m",
+            module,
+            *script,
+        ]
     raise TrainingError(f"{spec.name}: unknown launcher {spec.launcher!r} (torchrun or deepspeed)")
 
 
@@ -223,8 +252,14 @@ def training_env(spec: TrainSpec, port: int) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if spec.num_processes == 1:
         # Without a launcher DeepSpeed (and torch.distributed) read these or look for MPI.
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
     else:
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(name, None)  # the launcher sets them per process

@@ -82,7 +82,9 @@ def auto_recipe(training, train_rows: int, base_model: str | Path) -> tuple[dict
 
     def choose(key: str, value: Any, why: str) -> None:
         if key in explicit:
-            notes.append(f"{key}={_show(_get(training, key))}: set in the config (the recipe would pick {_show(value)}: {why})")
+            notes.append(
+                f"{key}={_show(_get(training, key))}: set in the config (the recipe would pick {_show(value)}: {why})"
+            )
             return
         if "." in key:
             head, sub = key.split(".", 1)
@@ -121,9 +123,12 @@ def auto_recipe(training, train_rows: int, base_model: str | Path) -> tuple[dict
     else:
         params = estimate_parameters(base_model)
         small = params is not None and params < SMALL_MODEL_PARAMS
-        choose("learning_rate", SMALL_FULL_LR if small else LARGE_FULL_LR,
-               f"full fine-tuning of a {'model of ~%.2g parameters' % params if params else 'model of unknown size'}"
-               + (": small, trained from little" if small else ": keep pre-trained weights"))
+        choose(
+            "learning_rate",
+            SMALL_FULL_LR if small else LARGE_FULL_LR,
+            f"full fine-tuning of a {'model of ~%.2g parameters' % params if params else 'model of unknown size'}"
+            + (": small, trained from little" if small else ": keep pre-trained weights"),
+        )
 
     candidates: list[dict] = []
     if training.recipe_search > 1:
@@ -132,9 +137,11 @@ def auto_recipe(training, train_rows: int, base_model: str | Path) -> tuple[dict
         else:
             lr = chosen.get("learning_rate", training.learning_rate)
             candidates = [{"learning_rate": float(f"{lr * f:.3g}")} for f in SEARCH_FACTORS[: training.recipe_search]]
-            notes.append(f"search: {len(candidates)} candidates over learning_rate "
-                         f"{', '.join(str(c['learning_rate']) for c in candidates)}; selection by "
-                         f"{training.selection_metric}")
+            notes.append(
+                f"search: {len(candidates)} candidates over learning_rate "
+                f"{', '.join(str(c['learning_rate']) for c in candidates)}; selection by "
+                f"{training.selection_metric}"
+            )
     return chosen, candidates, notes
 
 

@@ -64,8 +64,10 @@ def encode_all(examples, tokenizer, max_length: int, what: str) -> list[dict[str
         else:
             rows.append(row)
     if empty:
-        log(f"WARNING: {len(empty)} {what} examples dropped: prompt fills max_length={max_length} "
-            f"so no completion token is left (first: {', '.join(empty[:3])})")
+        log(
+            f"WARNING: {len(empty)} {what} examples dropped: prompt fills max_length={max_length} "
+            f"so no completion token is left (first: {', '.join(empty[:3])})"
+        )
     if not rows and examples:
         raise TrainingError(f"no {what} example has a completion token within max_length={max_length}")
     return rows
@@ -141,11 +143,13 @@ def last_checkpoint(checkpoints_dir: Path) -> Path | None:
     if not checkpoints_dir.is_dir():
         return None
     done = [
-        p for p in checkpoints_dir.iterdir()
-        if p.name.startswith(CHECKPOINT_PREFIX) and p.name[len(CHECKPOINT_PREFIX):].isdigit()
+        p
+        for p in checkpoints_dir.iterdir()
+        if p.name.startswith(CHECKPOINT_PREFIX)
+        and p.name[len(CHECKPOINT_PREFIX) :].isdigit()
         and (p / "trainer_state.json").is_file()
     ]
-    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]), default=None)
+    return max(done, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,9 +224,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out, any id works
     train_rows = encode_all(read_examples(spec.train_path), tokenizer, cfg.max_length, "train")
     eval_rows = encode_all(read_examples(spec.eval_path), tokenizer, cfg.max_length, "eval") if spec.eval_path else []
-    log(f"{spec.name}: {len(train_rows)} train / {len(eval_rows)} eval examples, {cfg.method} fine-tuning, "
+    log(
+        f"{spec.name}: {len(train_rows)} train / {len(eval_rows)} eval examples, {cfg.method} fine-tuning, "
         f"{spec.num_processes} process(es), ZeRO stage {zero_stage if deepspeed else '- (no DeepSpeed)'}, {precision}"
-        + (f", resuming from {resume.name}" if resume else ""))
+        + (f", resuming from {resume.name}" if resume else "")
+    )
 
     has_eval = bool(eval_rows)
     stopping = cfg.early_stopping
@@ -273,8 +279,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         from peft import LoraConfig, get_peft_model
 
         lora = LoraConfig(
-            r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-            target_modules=cfg.lora.target_modules, task_type="CAUSAL_LM",
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -286,8 +295,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     if has_eval and stopping.patience:
         from transformers import EarlyStoppingCallback
 
-        callbacks.append(EarlyStoppingCallback(early_stopping_patience=stopping.patience,
-                                               early_stopping_threshold=stopping.min_delta))
+        callbacks.append(
+            EarlyStoppingCallback(
+                early_stopping_patience=stopping.patience, early_stopping_threshold=stopping.min_delta
+            )
+        )
     trainer = Trainer(
         model=model,
         args=args,
@@ -305,8 +317,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     final_eval = None
     best_step = best_loss = last_loss = None
     if has_eval:
-        last_loss = (next(h["eval_loss"] for h in reversed(history) if "eval_loss" in h)
-                     if last_eval_step == trainer.state.global_step else trainer.evaluate()["eval_loss"])
+        last_loss = (
+            next(h["eval_loss"] for h in reversed(history) if "eval_loss" in h)
+            if last_eval_step == trainer.state.global_step
+            else trainer.evaluate()["eval_loss"]
+        )
         final_eval = last_loss
         if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
             best_step = int(Path(trainer.state.best_model_checkpoint).name.rsplit("-", 1)[-1])
@@ -323,11 +338,15 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     notes = list(spec.notes)
     stopped_early = bool(stopping.patience and has_eval and trainer.state.global_step < cfg.max_steps)
     if stopped_early:
-        notes.append(f"early stopping at step {trainer.state.global_step} of {cfg.max_steps}: "
-                     f"{stopping.patience} evaluations without a lower eval loss")
+        notes.append(
+            f"early stopping at step {trainer.state.global_step} of {cfg.max_steps}: "
+            f"{stopping.patience} evaluations without a lower eval loss"
+        )
     if best_step is not None:
-        notes.append(f"kept checkpoint: step {best_step} (eval loss {best_loss:.4g}; the last evaluation, "
-                     f"step {eval_history[-1][0] if eval_history else '?'}, had {last_loss:.4g})")
+        notes.append(
+            f"kept checkpoint: step {best_step} (eval loss {best_loss:.4g}; the last evaluation, "
+            f"step {eval_history[-1][0] if eval_history else '?'}, had {last_loss:.4g})"
+        )
     result = {
         "name": spec.name,
         "base_model": spec.base_model,
@@ -362,8 +381,10 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     tmp.replace(spec.result_path)
     # The model is saved: checkpoints only cost disk now (optimizer state is ~2x the model).
     shutil.rmtree(spec.checkpoints_dir, ignore_errors=True)
-    log(f"{spec.name}: done in {result['runtime_s']:.0f}s, eval loss {result['eval_loss_before']} -> "
-        f"{result['eval_loss']}, {result['tokens_per_second'] or 0:.0f} tokens/s, model in {spec.model_dir}")
+    log(
+        f"{spec.name}: done in {result['runtime_s']:.0f}s, eval loss {result['eval_loss_before']} -> "
+        f"{result['eval_loss']}, {result['tokens_per_second'] or 0:.0f} tokens/s, model in {spec.model_dir}"
+    )
     return result
 
 
