@@ -66,6 +66,7 @@ from tuneloop.requestlog.writer import RequestLogMetrics, open_request_log
 from tuneloop.serving.adaptive_engine import BatchGenerator
 from tuneloop.serving.admission import AdmissionController
 from tuneloop.serving.continuous_engine import ContinuousEngine
+from tuneloop.serving.embedder import Embedder
 from tuneloop.serving.engine import load_model, load_tokenizer
 from tuneloop.serving.engine_process import EngineProcess
 from tuneloop.serving.errors import InternalError, Unavailable
@@ -134,6 +135,8 @@ class TuneloopLLM:
 
         self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
         app.state.gateway = self.gateway
+        # /v1/embeddings: the shipped sentence encoder, loaded by its first request.
+        app.state.embedder = Embedder(max_inputs=SERVING.embeddings_max_inputs) if SERVING.embeddings else None
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
         in_child = SERVING.engine == "vllm" or (SERVING.engine == "slots" and SERVING.engine_process)
         if in_child:  # the weights live in the engine's process; this one needs the tokenizer

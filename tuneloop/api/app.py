@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneloop.api.chat import create_chat_completion
 from tuneloop.api.completions import create_completion
+from tuneloop.api.embeddings import create_embeddings, embedder_of
 from tuneloop.api.errors import error_response, validation_error
 from tuneloop.api.feedback import create_feedback
 from tuneloop.api.middleware import HooksMiddleware, ProcessingTimeMiddleware
@@ -39,18 +40,27 @@ from tuneloop.api.protocol import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    EmbeddingList,
+    EmbeddingRequest,
     FeedbackRequest,
     FeedbackResponse,
     ModelCard,
     ModelList,
     ModerationRequest,
     ModerationResponse,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from tuneloop.api.server import server_of
+from tuneloop.api.tokenize import create_detokenize, create_tokenize
 from tuneloop.serving.errors import InternalError, ServingError, error_for_status
 from tuneloop.serving.untrusted import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 
 log = logging.getLogger("tuneloop.api")
+# The routes behind the hooks (key, limits, log): OpenAI's under /v1 and vLLM's tokenizer routes.
+HOOKED = ("/v1/", "/tokenize", "/detokenize")
 
 
 def create_app(
@@ -61,13 +71,14 @@ def create_app(
     """The FastAPI app; set app.state.server to an OpenAIServer once the model is ready."""
     app = FastAPI(title=title, version=version, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = None
+    app.state.embedder = None  # a tuneloop.serving.embedder.Embedder: /v1/embeddings on
     # The hooks around every /v1 request (HooksMiddleware): the interface layer
     # (tuneloop/gateway; set app.state.gateway before app.state.server; without one every /v1
     # route is open: unit tests, gateway-less embedding) and the request log
     # (tuneloop/requestlog; set app.state.request_log to a RequestLog to turn it on).
     app.state.gateway = None
     app.state.request_log = None
-    app.add_middleware(HooksMiddleware)
+    app.add_middleware(HooksMiddleware, prefix=HOOKED)
     # The server's own time for each /v1 response, as OpenAI's header reports it.
     app.add_middleware(ProcessingTimeMiddleware)
     # Outermost: a body over the limit is refused (413) before any of the above reads it.
@@ -124,23 +135,51 @@ def create_app(
         """A rating and/or a corrected completion for a logged request (stored with the request log)."""
         return create_feedback(request.app.state.request_log, body, request)
 
+    @app.post("/v1/embeddings", response_model=EmbeddingList, tags=["OpenAI"], responses=ERROR_RESPONSES)
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        """Vectors of texts from the shipped sentence encoder (all-MiniLM-L6-v2, 384 dimensions, normalised)."""
+        server_of(request)  # ready and not draining, as every route
+        return await create_embeddings(embedder_of(request), body, request)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, tags=["vLLM"], responses=ERROR_RESPONSES)
+    async def tokenize(body: TokenizeRequest, request: Request):
+        """The served model's token ids of a prompt, or of chat messages through its chat template."""
+        return await create_tokenize(server_of(request), body, request)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, tags=["vLLM"], responses=ERROR_RESPONSES)
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        """Token ids of the served model back to text."""
+        return await create_detokenize(server_of(request), body, request)
+
     @app.get("/v1/models", response_model=ModelList, tags=["OpenAI"], responses=ERROR_RESPONSES)
     async def list_models(request: Request):
-        """The served model: its registered name:version, then its aliases."""
+        """The served model: its registered name:version, then its aliases; then the embedding model."""
         server = server_of(request)
         s = server.served
-        return {
-            "object": "list",
-            "data": [
-                {"id": i, "object": "model", "created": s.created, "owned_by": "tuneloop", "root": s.id} for i in s.ids
-            ],
-        }
+        data = [{"id": i, "object": "model", "created": s.created, "owned_by": "tuneloop", "root": s.id} for i in s.ids]
+        embedder = getattr(request.app.state, "embedder", None)
+        if embedder is not None:
+            data.append(_embedding_card(embedder, s.created))
+        return {"object": "list", "data": data}
 
     @app.get("/v1/models/{model:path}", response_model=ModelCard, tags=["OpenAI"], responses=ERROR_RESPONSES)
     async def retrieve_model(model: str, request: Request):
         server = server_of(request)
-        check_model(server, model)
         s = server.served
+        embedder = getattr(request.app.state, "embedder", None)
+        if embedder is not None and model == embedder.model_id:
+            return _embedding_card(embedder, s.created)
+        check_model(server, model)
         return {"id": model, "object": "model", "created": s.created, "owned_by": "tuneloop", "root": s.id}
 
     return app
+
+
+def _embedding_card(embedder, created: int) -> dict:
+    return {
+        "id": embedder.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "tuneloop",
+        "root": embedder.model_id,
+    }

@@ -20,10 +20,10 @@ from tuneloop.serving.errors import RouteNotFound, ServingError, error_for_statu
 
 
 class ApiMiddleware:
-    """Calls `handle(scope, receive, send)` for HTTP requests under `prefix`; subclasses
-    implement it. Everything else goes straight to the wrapped app."""
+    """Calls `handle(scope, receive, send)` for HTTP requests under `prefix` (one or a tuple);
+    subclasses implement it. Everything else goes straight to the wrapped app."""
 
-    def __init__(self, app, prefix: str = "/v1/"):
+    def __init__(self, app, prefix: str | tuple[str, ...] = "/v1/"):
         self.app = app
         self.prefix = prefix
 

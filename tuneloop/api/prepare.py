@@ -8,7 +8,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from tuneloop.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from tuneloop.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
 from tuneloop.api.server import OpenAIServer
 from tuneloop.serving.engine import SamplingParams
 from tuneloop.serving.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
@@ -254,16 +254,19 @@ def echo_texts(server: OpenAIServer, body: CompletionRequest, prompts: list[list
     return [server.loaded.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
 
 
-def tokenize_chat(server: OpenAIServer, body: ChatCompletionRequest) -> list[list[int]]:
+def tokenize_chat(server: OpenAIServer, body: ChatCompletionRequest | TokenizeRequest) -> list[list[int]]:
+    """The messages through the model's chat template (opening the assistant's turn unless a
+    /tokenize request says not to), as token ids."""
     tok = server.loaded.tokenizer
     if not getattr(tok, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
     messages = []
-    for m in body.messages:
+    for m in body.messages or []:
         content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        opening = body.add_generation_prompt if isinstance(body, TokenizeRequest) else True
+        text = tok.apply_chat_template(messages, add_generation_prompt=opening, tokenize=False)
     except Exception as exc:  # a template may reject a conversation (e.g. roles out of order)
         raise InvalidRequest(f"messages: the chat template rejected them: {exc}", param="messages") from None
     return [server.loaded.encode(text)]

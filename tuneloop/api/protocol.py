@@ -102,6 +102,65 @@ class ModerationRequest(_Strict):
     model: Text | None = Field(None, description="Accepted; the server's content filter answers whatever it names.")
 
 
+class EmbeddingRequest(_Strict):
+    model: Text
+    input: Text | list[Text] | list[int] | list[list[int]] = Field(
+        description="A string or a list of strings (token ids are refused: they are another model's tokens)."
+    )
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32s.")
+    dimensions: int | None = Field(None, ge=1, description="Only the model's own (384): it is not trained to be cut.")
+    user: Text | None = Field(None, description="Accepted, not used.")
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's /tokenize: a prompt, or chat messages rendered through the model's chat template."""
+
+    model: Text | None = Field(None, description="Optional; the served model's name when given.")
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = Field(True, description="With messages: end with the assistant's turn opening.")
+    add_special_tokens: bool = Field(True, description="With a prompt: the tokenizer's special tokens too.")
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(_Strict):
+    model: Text | None = Field(None, description="Optional; the served model's name when given.")
+    tokens: list[int] = Field(description="Token ids of the served model's vocabulary.")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 class FeedbackRequest(_Strict):
     """tuneloop's own route (OpenAI has none): what a client says about a logged request."""
 
