@@ -172,3 +172,29 @@ def test_tokenize_and_detokenize(loaded, embedder, tmp_path):
         assert (await http.post("/tokenize", json={"prompt": "a"})).status_code == 401
 
     run(loaded, embedder, cfg, test)
+
+
+def test_waiting_requests_share_a_batch_and_get_the_vectors_they_would_alone(embedder):
+    texts = [
+        "Short one.",
+        "A somewhat longer sentence about the weather in the mountains.",
+        "Refunds are processed within five business days.",
+        "How do I reset my password?",
+        "The quick brown fox jumps over the lazy dog, again and again and again.",
+        "Invoices are emailed monthly.",
+        "Tokens, tokens everywhere.",
+        "Our office is closed on public holidays.",
+    ]
+
+    async def main():
+        alone = [await embedder.aembed([t]) for t in texts]
+        before = embedder.batches
+        together = await asyncio.gather(*(embedder.aembed([t]) for t in texts))
+        return alone, together, embedder.batches - before
+
+    alone, together, batches = asyncio.run(main())
+    # Eight requests arriving together make one encoder call, not eight.
+    assert batches == 1, batches
+    for a, b in zip(alone, together):
+        assert a.shape == b.shape == (1, 384)
+        assert np.allclose(a, b, atol=1e-5), float(np.abs(a - b).max())  # padding is masked: same vectors

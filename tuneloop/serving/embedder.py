@@ -3,9 +3,11 @@ behind /v1/embeddings.
 
 Loaded on the first request, not at start-up: sentence-transformers and the encoder take ~7 s
 to import and load on a 2-core machine, and most servers are never asked for an embedding.
-The first request waits for the load; the others queue behind it. Each request's inputs are
-encoded as one batch in a worker thread (never on the event loop), one batch at a time (the
-encoder is one model: two batches side by side would share the same cores).
+The first request waits for the load; the others queue behind it. Requests that wait while a
+batch runs are encoded together as the next batch (up to max_batch_texts inputs, the first
+request whole), in a worker thread, never on the event loop; one batch at a time (the encoder
+is one model: two batches side by side would share the same cores). A request's vectors are
+the same batched or alone (padding is masked): tests/unit/test_api_embeddings_tokenize.py.
 """
 
 from __future__ import annotations
@@ -26,13 +28,18 @@ class Embedder:
 
     model_id = EMBEDDING_MODEL_ID
 
-    def __init__(self, path: Path | None = None, batch_size: int = 64, max_inputs: int = 2048):
+    def __init__(
+        self, path: Path | None = None, batch_size: int = 64, max_inputs: int = 2048, max_batch_texts: int = 256
+    ):
         self.path = path
-        self.batch_size = batch_size
+        self.batch_size = batch_size  # the encoder's own forward batches
         self.max_inputs = max_inputs
+        self.max_batch_texts = max_batch_texts  # requests joined into one encoder call, up to this many inputs
         self._model: Any = None
         self._load_lock = threading.Lock()
-        self._turn = asyncio.Lock()  # one batch at a time
+        self._pending: list[tuple[list[str], asyncio.Future]] = []
+        self._worker: asyncio.Task | None = None
+        self.batches = 0  # encoder calls made (the batching's effect, for tests and benchmarks)
 
     def _loaded(self):
         with self._load_lock:
@@ -75,6 +82,35 @@ class Embedder:
         return await asyncio.to_thread(self.check, texts)
 
     async def aembed(self, texts: list[str]) -> np.ndarray:
-        """L2-normalised float32 vectors, one row per text."""
-        async with self._turn:
-            return await asyncio.to_thread(embed, self._loaded(), texts, self.batch_size)
+        """L2-normalised float32 vectors, one row per text (with the requests waiting beside it)."""
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append((texts, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, size = [], 0
+            while self._pending and (not batch or size + len(self._pending[0][0]) <= self.max_batch_texts):
+                texts, future = self._pending.pop(0)
+                if future.cancelled():  # its client left while it waited
+                    continue
+                batch.append((texts, future))
+                size += len(texts)
+            if not batch:
+                continue
+            flat = [t for texts, _ in batch for t in texts]
+            try:
+                vectors = await asyncio.to_thread(embed, self._loaded(), flat, self.batch_size)
+            except Exception as exc:  # every request of the batch fails alike; the next batch is tried
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self.batches += 1
+            at = 0
+            for texts, future in batch:
+                if not future.done():
+                    future.set_result(vectors[at : at + len(texts)])
+                at += len(texts)
