@@ -198,3 +198,30 @@ def test_waiting_requests_share_a_batch_and_get_the_vectors_they_would_alone(emb
     for a, b in zip(alone, together):
         assert a.shape == b.shape == (1, 384)
         assert np.allclose(a, b, atol=1e-5), float(np.abs(a - b).max())  # padding is masked: same vectors
+
+
+def test_langchain_embeds_documents_and_a_query(loaded, embedder, tmp_path):
+    """LangChain's OpenAIEmbeddings, as a RAG stack would point it at this server (with its own
+    token counting off: it would send tiktoken ids, another model's tokens, which are refused)."""
+    import httpx
+    from langchain_openai import OpenAIEmbeddings
+
+    cfg = gateway_config(tmp_path)
+
+    async def test(app, gateway):
+        _, key = gateway.keys.create("dora", "paid")
+        client = OpenAIEmbeddings(
+            model=EMBEDDER,
+            base_url="http://test/v1",
+            api_key=key,
+            check_embedding_ctx_length=False,
+            http_async_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test"),
+            max_retries=0,
+        )
+        docs = ["Refunds take five business days.", "Our office opens at nine.", "Cats sleep most of the day."]
+        vectors = np.array(await client.aembed_documents(docs))
+        query = np.array(await client.aembed_query("When will I get my money back?"))
+        assert vectors.shape == (3, 384) and query.shape == (384,)
+        assert int(np.argmax(vectors @ query)) == 0  # the refund document answers the refund question
+
+    run(loaded, embedder, cfg, test)
