@@ -127,7 +127,8 @@ def test_models_completions_and_chat_sync(server):
     engine, url = server
     client = sync_client(url)
     ids = [m.id for m in client.models.list().data]
-    assert ids == ["tiny-chat:7", "tiny-chat@champion", "tiny-chat"]
+    # the served model by its names, then the embedding model (/v1/embeddings)
+    assert ids == ["tiny-chat:7", "tiny-chat@champion", "tiny-chat", "all-MiniLM-L6-v2"]
 
     comp = client.completions.create(
         model="tiny-chat:7", prompt="Hello world", max_tokens=8, temperature=0, user="test-user"
