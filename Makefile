@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS :=
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install demo demo-smollm2 test test-fast lint format clean vllm-venv bench-vllm bench-recipe system-packages
+.PHONY: install demo demo-smollm2 test test-fast lint format clean vllm-venv bench-vllm bench-recipe bench-lora bench-peers build-tools system-packages
 
 # System services the gateway, the monitoring and their tests use (the tests start and stop
 # them on 127.0.0.1; nothing runs as a daemon): Debian's redis-server and prometheus (with
@@ -65,6 +65,12 @@ demo-smollm2: install
 bench-recipe: install
 	$(BIN)/python benchmarks/recipe.py --shared $(RECIPE_ARGS)
 
+# Multi-adapter LoRA serving on SmolLM2 (slots engine): output tokens/s with 8 adapters in one
+# batch against the base alone, adapter load time, and each adapter row against that adapter
+# merged and served alone. ~10 min here; not part of CI. LORA_ARGS: e.g. --rounds 5.
+bench-lora: install
+	$(BIN)/python benchmarks/lora.py $(LORA_ARGS)
+
 # The suite in stages, each stopping the run when it fails and printing its time
 # (tests/stages.sh): lint, then tests/unit (no service, no server), tests/integration (real
 # Redis, MLflow, Prefect, PostgreSQL, Prometheus, `bentoml serve`, vLLM), tests/e2e (the flows,
@@ -107,6 +113,22 @@ vllm-venv: $(VLLM_VENV)/.installed
 # HF model folder; default the demo base model). Long: not part of CI.
 bench-vllm: install vllm-venv
 	$(BIN)/python benchmarks/serving.py --systems slots,vllm --ignore-eos $(if $(MODEL_DIR),--model-dir $(MODEL_DIR))
+
+# What building llama.cpp needs (bench-peers; `tuneloop package --target gguf` when it checks the
+# GGUF with llama-server): CMake and a C++ compiler, from Debian.
+build-tools:
+	@{ command -v cmake && command -v c++; } >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends cmake g++; }
+
+# tuneloop's default against vLLM (float32, bfloat16) and llama.cpp (GGUF f32, bf16, q8_0) on SmolLM2
+# and the demo model, paired rounds, each with its agreement with transformers' float32
+# (benchmarks/peers.py). Builds llama.cpp's llama-server from the llama-cpp-python sdist once
+# (~10 min on 2 cores, into .tuneloop-llamacpp); ~30 min more. Then the GGUF export's round trip
+# through that llama-server (CI skips it: no llama-server there). Not part of CI. PEERS_ARGS:
+# e.g. --models smollm2 --rounds 5.
+bench-peers: install vllm-venv build-tools
+	$(BIN)/python benchmarks/peers.py $(PEERS_ARGS)
+	$(BIN)/python -m pytest -q tests/integration/test_gguf_export.py -k llama_server
 
 clean:
 	rm -rf .tuneloop

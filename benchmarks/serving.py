@@ -301,7 +301,8 @@ class Client:
             f"Content-Length: {len(data)}\r\n{self.extra_headers}\r\n"
         ).encode()
         for attempt in (1, 2):
-            reused = bool(self._idle)
+            # the retry goes on a new connection: another idle one may have been closed as well
+            reused = bool(self._idle) and attempt == 1
             reader, writer = self._idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
             try:
                 writer.write(head + data)
@@ -827,6 +828,7 @@ class Measurable:
     mode: str = ""  # (d) candidates: which way of batching
     url: str | None = None  # a server's: its greedy answers are compared with the reference's
     serving: dict | None = None  # a slots configuration: its forward is compared in-process too
+    pid: int | None = None  # a server's process (benchmarks/peers.py samples its tree's RSS)
 
 
 @contextmanager
@@ -923,7 +925,15 @@ def engine_system(engine: str, model_dir: Path, requests, args, work: Path):
             for k, v in env.items()
             if k.startswith("TUNELOOP__SERVING__")
         }
-        yield [Measurable(label, once, url=url, serving={**args.serving, **settings_of} if engine == "slots" else None)]
+        yield [
+            Measurable(
+                label,
+                once,
+                url=url,
+                serving={**args.serving, **settings_of} if engine == "slots" else None,
+                pid=proc.pid,
+            )
+        ]
 
 
 @contextmanager
@@ -959,17 +969,24 @@ def vllm_system(model_dir: Path, requests, args, work: Path):
     started = time.perf_counter()
     with service(cmd, f"{url}/health", work / "vllm.log", env=env, timeout=600, cwd=work) as proc:
         print(f"{VLLM_LABEL}: ready in {time.perf_counter() - started:.0f} s", flush=True)
-        warm, _ = asyncio.run(drive_http(url, requests[:4], send_chat_stream, args, f"{VLLM_LABEL} warm-up"))
-        if failed := [r.error for r in warm if not r.ok]:
-            raise RuntimeError(f"warm-up request failed: {failed[0]}")
+        note = f"vLLM {args.vllm_dtype}, VLLM_CPU_KVCACHE_SPACE={args.vllm_kv_gib} GiB"
+        yield [chat_server(VLLM_LABEL, url, proc.pid, requests, args, note)]
 
-        def once():
-            extra: dict = {"notes": [f"vLLM {args.vllm_dtype}, VLLM_CPU_KVCACHE_SPACE={args.vllm_kv_gib} GiB"]}
-            with measured(extra, proc.pid):
-                results, duration = asyncio.run(drive_http(url, requests, send_chat_stream, args, VLLM_LABEL))
-            return results, duration, extra
 
-        yield [Measurable(VLLM_LABEL, once, url=url)]
+def chat_server(label: str, url: str, pid: int, requests, args, note: str) -> Measurable:
+    """A peer's OpenAI server, started: warmed up with 4 requests, then measured a round at a
+    time through its streamed chat route (vLLM here, llama.cpp in benchmarks/peers.py)."""
+    warm, _ = asyncio.run(drive_http(url, requests[:4], send_chat_stream, args, f"{label} warm-up"))
+    if failed := [r.error for r in warm if not r.ok]:
+        raise RuntimeError(f"warm-up request failed: {failed[0]}")
+
+    def once():
+        extra: dict = {"notes": [note]}
+        with measured(extra, pid):
+            results, duration = asyncio.run(drive_http(url, requests, send_chat_stream, args, label))
+        return results, duration, extra
+
+    return Measurable(label, once, url=url, pid=pid)
 
 
 @contextmanager

@@ -61,6 +61,10 @@ from tuneloop.api.middleware import InternalRoutesGuard, OpenAIErrorMiddleware, 
 from tuneloop.api.server import OpenAIServer
 from tuneloop.config import load_config
 from tuneloop.cpu_turns import CPU_TURNS
+from tuneloop.files import open_file_store
+from tuneloop.finetune.adapters import AdapterCatalog
+from tuneloop.finetune.jobs import JobStore
+from tuneloop.finetune.runner import Dispatcher
 from tuneloop.monitoring.exporter import LATEST, MonitoringGauges
 from tuneloop.requestlog.writer import RequestLogMetrics, open_request_log
 from tuneloop.serving.adaptive_engine import BatchGenerator
@@ -135,6 +139,19 @@ class TuneloopLLM:
 
         self.gateway = Gateway.from_config(CONFIG, GatewayMetrics())
         app.state.gateway = self.gateway
+        # /v1/files: training files of each key's team (the state folder, or an S3 bucket).
+        app.state.files = open_file_store(CONFIG)
+        # /v1/fine_tuning/jobs: jobs run as training flow runs; their ft: models are adapters of
+        # the served base, served beside it (tuneloop/finetune).
+        self.dispatcher: Dispatcher | None = None
+        if CONFIG.fine_tuning.enabled:
+            app.state.jobs = JobStore.from_config(CONFIG)
+            app.state.fine_tuning_config = CONFIG
+            app.state.adapters = AdapterCatalog(CONFIG, lambda: (self.server.served.name, self.server.served.version))
+            self.dispatcher = Dispatcher(
+                CONFIG, app.state.jobs, app.state.files, str(CONFIG.source) if CONFIG.source else None
+            )
+            app.state.dispatcher = self.dispatcher
         # /v1/embeddings: the shipped sentence encoder, loaded by its first request.
         app.state.embedder = Embedder(max_inputs=SERVING.embeddings_max_inputs) if SERVING.embeddings else None
         model_dir = Path(self.bento_model.path) if SERVING.bento_model else resolve_model_dir(CONFIG)
@@ -169,6 +186,7 @@ class TuneloopLLM:
                 kv_cache_gib=SERVING.kv_cache_gib,
                 extra_args=SERVING.vllm_args,
                 log_path=logs / f"vllm-{os.getpid()}.log",
+                lora=SERVING.lora,
             )
         elif SERVING.engine == "continuous":
             self.engine = ContinuousEngine(
@@ -194,6 +212,8 @@ class TuneloopLLM:
             stream_interval_s=SERVING.stream_interval_ms / 1000,
         )
         app.state.server = self.server
+        if self.dispatcher is not None:
+            self.dispatcher.start()
         log.info("serving %s from %s with the %s engine", served.id, model_dir, SERVING.engine)
 
     @bentoml.on_startup
@@ -323,6 +343,8 @@ class TuneloopLLM:
 
     @bentoml.on_shutdown
     async def _stop(self) -> None:
+        if self.dispatcher is not None:  # its running jobs fail visibly (server_stopped), no orphans
+            await asyncio.to_thread(self.dispatcher.stop)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         await self.gateway.close()

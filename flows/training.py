@@ -18,21 +18,18 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.fine_tuning import run_job
+from flows.tasks import evaluate, prepare_data, train_candidate, validate_data
 from tuneloop.behaviour import run_suites
 from tuneloop.blessing import bless
 from tuneloop.bootstrap import ensure_base_model
 from tuneloop.config import TuneloopConfig, load_config
-from tuneloop.data.dataset import prepare_dataset
-from tuneloop.evaluation import evaluate_model
-from tuneloop.evaluation import predictions as prediction_rows
 from tuneloop.monitoring.reference import log_reference
 from tuneloop.privacy import redact
 from tuneloop.registry import ModelRegistry, PromotionConflict
 from tuneloop.report import write_report
 from tuneloop.tracking import log_lineage, setup_mlflow
-from tuneloop.training.kubernetes import run_training
 from tuneloop.training.launch import candidate_specs
-from tuneloop.validation import token_budget, validate_prepared
 
 # training keys logged as trained.* params of each candidate (its schedule, however chosen)
 RECIPE_KEYS = (
@@ -47,51 +44,9 @@ RECIPE_KEYS = (
 )
 
 
-class ValidationFailed(Exception):
-    """The data gate failed; the flow stops before training."""
-
-
 @task(cache_policy=NO_CACHE)
 def prepare_base_model(cfg: TuneloopConfig) -> str:
     return ensure_base_model(cfg)
-
-
-@task(cache_policy=NO_CACHE)
-def prepare_data(cfg: TuneloopConfig, data: Path | None, eval_data: Path | None):
-    # The row policies run here, so the prepared folder (and its fingerprint) is what trains.
-    prepared = prepare_dataset(cfg, train_path=data, eval_path=eval_data, budget=token_budget(cfg))
-    get_run_logger().info(prepared.summary())
-    return prepared
-
-
-@task(cache_policy=NO_CACHE)
-def validate_data(cfg: TuneloopConfig, prepared):
-    report = validate_prepared(cfg, prepared)
-    create_markdown_artifact(
-        key="data-validation",
-        markdown=f"# Data validation: {'passed' if report.success else 'FAILED'}\n\n```\n{report.summary()}\n```\n\n",
-        description="Great Expectations gate on the training set",
-    )
-    if not report.success:
-        raise ValidationFailed(report.summary())
-    return report
-
-
-@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
-def train_candidate(spec, k8s=None):
-    """A real multi-process job, here or as a Kubernetes TrainJob (training.kubernetes.compute);
-    its log streams into this task's log. A retry resumes from the last checkpoint."""
-    return run_training(spec, k8s, on_log=get_run_logger().info)
-
-
-@task(cache_policy=NO_CACHE)
-def evaluate(cfg: TuneloopConfig, model_ref: str, examples, label: str) -> tuple[dict[str, Any], list[dict]]:
-    """(metrics, predictions): every eval row's expected and generated answer."""
-    result = evaluate_model(model_ref, examples, cfg.evaluation, progress=False)
-    get_run_logger().info(
-        "%s: %s", label, json.dumps({k: v for k, v in result.metrics.items() if "/" not in k}, default=float)
-    )
-    return result.metrics, prediction_rows(result)
 
 
 @task(cache_policy=NO_CACHE)
@@ -181,17 +136,25 @@ def _first_wrong(rows: list[dict], limit: int = 5) -> list[dict]:
 
 @flow(name="training", log_prints=True)
 def training_flow(
-    config_path: str | None = None, data: str | None = None, eval_data: str | None = None, init_from: str | None = None
+    config_path: str | None = None,
+    data: str | None = None,
+    eval_data: str | None = None,
+    init_from: str | None = None,
+    job_id: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune candidates on N processes, evaluate against base and champion, bless, promote,
     then package the new champion as a bento and infra-validate it (flows/deploy.py).
 
     init_from: "base" or "champion" (default training.init_from); a drift-triggered retrain
-    passes the monitoring event's choice (monitoring.retrain_init_from)."""
+    passes the monitoring event's choice (monitoring.retrain_init_from).
+    job_id: a fine-tuning job of the API (/v1/fine_tuning/jobs): the same steps on the job's
+    files from the base it names, registered as a LoRA adapter, never promoted (flows/fine_tuning.py)."""
     import mlflow
 
     started = time.time()
     cfg = load_config(config_path)
+    if job_id:
+        return run_job(cfg, job_id)
     if init_from:
         cfg = with_init_from(cfg, init_from)
     logger = get_run_logger()

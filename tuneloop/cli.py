@@ -26,7 +26,7 @@ from rich.table import Table
 from tuneloop.data.formats import DataError
 from tuneloop.gate_report import REPORT_NAME
 from tuneloop.presets import PRESETS, convert_preset
-from tuneloop.requestlog.feedback import export_feedback_dataset
+from tuneloop.requestlog.feedback import export_feedback_dataset, export_preference_dataset
 from tuneloop.requestlog.store import LogError, describe, parse_since, read_records, write_export
 
 # No model hub on this kind of machine; never wait on it.
@@ -313,7 +313,8 @@ def train(
     """Run the training flow: validate, fine-tune candidates, evaluate, bless, promote."""
     cfg = _load(config)
     _use_prefect(cfg)
-    from flows.training import ValidationFailed, training_flow
+    from flows.tasks import ValidationFailed
+    from flows.training import training_flow
     from tuneloop.bootstrap import BootstrapError  # deferred: tuneloop.config's pydantic (0.17 s)
     from tuneloop.config import ConfigError  # deferred: tuneloop.config's pydantic (0.17 s)
     from tuneloop.training.launch import TrainingError  # deferred: tuneloop.config's pydantic (0.17 s)
@@ -712,12 +713,17 @@ def logs_feedback_data(
     output: Path = typer.Option(..., "--output", "-o", help="JSONL file of candidate training rows."),
     since: Optional[str] = typer.Option(None, "--since", help="Feedback given since: 15m, 2h, 7d or an ISO time."),
     validate: bool = typer.Option(False, "--validate", help="Run the rows through the training data gate."),
+    preferences: bool = typer.Option(
+        False, "--preferences", help="Preference pairs (OpenAI's DPO format) from preferences, corrections, ratings."
+    ),
     config: Optional[Path] = ConfigOption,
 ):
-    """Corrected completions from feedback as training rows (the training set's format), with lineage."""
+    """Corrected completions from feedback as training rows (the training set's format), with
+    lineage; --preferences: the feedback's preference pairs, for preference tuning (DPO)."""
     cfg = _load(config)
     try:
-        lineage = export_feedback_dataset(cfg, output, parse_since(since))
+        export = export_preference_dataset if preferences else export_feedback_dataset
+        lineage = export(cfg, output, parse_since(since))
     except LogError as exc:
         _fail(str(exc))
     rejected = ", ".join(f"{n} {why}" for why, n in lineage["rejected"].items()) or "none"
@@ -731,13 +737,53 @@ def logs_feedback_data(
 @app.command()
 def package(
     config: Optional[Path] = ConfigOption,
-    version: Optional[str] = typer.Option(None, "--version", help="Registry version (default: the champion)."),
-    target: Optional[str] = typer.Option(None, "--target", help="cpu or gpu image (default: bento.target)."),
+    version: Optional[str] = typer.Option(
+        None, "--version", help="Registry version, or with --target gguf an ft: model id (default: the champion)."
+    ),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="cpu or gpu: a bento image (default: bento.target); gguf: one GGUF file for llama.cpp."
+    ),
+    quant: Optional[str] = typer.Option(
+        None, "--quant", help="--target gguf: f32 (default), bf16, q8_0 or q4_k_m (docs/gguf.md)."
+    ),
+    output: Optional[Path] = typer.Option(
+        None, "--output", help="--target gguf: a .gguf file, or a folder, to write (default: <home>/gguf/)."
+    ),
+    check: bool = typer.Option(
+        True, "--check/--no-check", help="--target gguf: compare llama-server's answers with the served model's."
+    ),
+    artifact: bool = typer.Option(
+        True, "--artifact/--no-artifact", help="--target gguf: log the file to the version's MLflow run."
+    ),
 ):
-    """Package the champion as a bento, infra-validate it with `bentoml serve`, mark it deployed."""
+    """Package the champion as a bento, infra-validate it with `bentoml serve`, mark it deployed;
+    or (--target gguf) export it as a GGUF file, checked against the served model's answers."""
     cfg = _load(config)
-    from tuneloop.packaging.bento import containerize_command
     from tuneloop.packaging.common import PackagingError
+
+    if target == "gguf":
+        from tuneloop.packaging.gguf import export_gguf
+
+        try:
+            exported = export_gguf(
+                cfg,
+                quant or "f32",
+                version,
+                output,
+                check,
+                artifact,
+                progress=lambda m: console.print(m, markup=False, highlight=False, soft_wrap=True),
+            )
+        except PackagingError as exc:
+            _fail(str(exc), code=1)
+        console.print(exported.summary(), markup=False, highlight=False, soft_wrap=True)  # paths and commands whole
+        if exported.warning:
+            err_console.print(f"[bold yellow]warning:[/] {exported.warning}", highlight=False)
+        return
+    gguf_only = [flag for flag, given in (("--quant", quant), ("--output", output)) if given is not None]
+    if gguf_only or not check or not artifact:
+        _fail(f"{', '.join(gguf_only) or '--no-check/--no-artifact'}: only with --target gguf")
+    from tuneloop.packaging.bento import containerize_command
     from tuneloop.packaging.deployment import deploy_champion
 
     try:

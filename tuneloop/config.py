@@ -92,7 +92,7 @@ class BentoConfig(Section):
 class DataConfig(Section):
     train_path: Path = Path("data/sample/train.jsonl")
     eval_path: Path | None = None  # None: split eval_fraction off train_path
-    format: Literal["auto", "chat", "legacy", "alpaca", "dolly"] = "auto"
+    format: Literal["auto", "chat", "legacy", "alpaca", "dolly", "dpo"] = "auto"  # dpo: OpenAI's preference rows
     on_bad_rows: Literal["fail", "quarantine"] = "quarantine"
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     seed: int = 42
@@ -229,8 +229,19 @@ class TrainingK8sConfig(Section):
     delete_after: Literal["always", "success", "never"] = "success"  # failed jobs stay for kubectl describe
 
 
+class DpoConfig(Section):
+    """training.dpo: preference tuning (training.objective dpo, TRL's DPOTrainer)."""
+
+    beta: float = Field(0.1, gt=0.0)  # how far the policy may move from the reference
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+
+
 class TrainingConfig(Section):
     method: Literal["full", "lora"] = "full"
+    # sft: supervised (the completion is the target); dpo: preference pairs (chosen vs rejected,
+    # OpenAI's DPO format), trained with TRL's DPOTrainer on the method's weights (lora or full).
+    objective: Literal["sft", "dpo"] = "sft"
+    dpo: DpoConfig = DpoConfig()
     # Where a run's weights start: the base model, or the current champion (continued
     # fine-tuning on the new data, as a triggered retrain does by default: see
     # monitoring.retrain_init_from). Without a champion a run starts from the base.
@@ -697,6 +708,20 @@ def _lossy_named(value: Any) -> Any:
     return value
 
 
+class ServingLoraConfig(Section):
+    """serving.lora: fine-tuned LoRA adapters served beside their base in the same batch
+    (slots engine: each row applies its own adapter in the fused forward; vllm engine:
+    --enable-lora). An adapter is loaded on its first request, without a restart."""
+
+    enabled: bool = True
+    # Adapters held loaded at once; the least recently used beyond this (or beyond max_bytes)
+    # is evicted, and loaded again on its next request.
+    max_loaded: int = Field(8, ge=1)
+    max_bytes: int = Field(512 * 2**20, ge=2**20)
+    # The largest rank served (vLLM's --max-lora-rank); an adapter over it is refused with a 400.
+    max_rank: int = Field(64, ge=1)
+
+
 class ServingConfig(Section):
     """The OpenAI-compatible model server (bentos/service.py, engines in tuneloop/serving)."""
 
@@ -765,6 +790,12 @@ class ServingConfig(Section):
     # start-up; otherwise, and with transformers, the model's own forward (compile, compile_mode
     # and decode_attention apply to that one).
     forward: Literal["fused", "transformers"] = "fused"
+    # slots engine, the fused forward: a request whose prompt starts as one a slot still holds
+    # (a chat's system prompt, the earlier turns of a conversation) takes that slot and
+    # prefills only the rest, as llama.cpp's server keeps a slot's prompt; the answer is the
+    # same, the first token sooner. Reported as usage.prompt_tokens_details.cached_tokens.
+    # A prefix is shared only among requests of one adapter. false: every prompt prefilled whole.
+    prefix_cache: bool = True
     # Streaming: tokens of one stream produced within this window travel in one SSE chunk
     # (the first token is always sent at once). 0 = a chunk per engine step.
     stream_interval_ms: float = Field(100.0, ge=0)
@@ -813,6 +844,66 @@ class ServingConfig(Section):
     # without a restart or a dropped request (slots engine, same architecture; hotswap.py).
     # 0: off. Only a server of a registered version (a packaged bento) follows.
     follow_champion_s: float = Field(30.0, ge=0)
+    lora: ServingLoraConfig = ServingLoraConfig()
+
+
+def _files_storage(value: Any) -> Any:
+    if isinstance(value, str) and "://" in value:
+        if not value.startswith(("s3://", "file://")):
+            raise ValueError(f"{value!r}: give a folder, file://folder or s3://bucket/prefix")
+        if value.startswith("s3://") and not value[len("s3://") :].split("/")[0]:
+            raise ValueError(f"{value!r}: no bucket (s3://bucket/prefix)")
+    return value
+
+
+class FilesConfig(Section):
+    """The Files API (/v1/files): fine-tuning data uploaded, checked against the data contract
+    and kept per team (tuneloop/files)."""
+
+    # Where: None: <home>/files (content + a JSON metadata file per file); a folder; or an
+    # S3-compatible bucket, s3://bucket/prefix (credentials as boto3 finds them).
+    storage: Annotated[str | None, BeforeValidator(_files_storage)] = None
+    # The S3 endpoint (MinIO, ...); None: boto3's own (AWS_ENDPOINT_URL, else AWS).
+    s3_endpoint_url: str | None = None
+    # An upload over this many bytes is refused (413) as it streams in, never held whole in
+    # memory; serving.max_request_bytes does not apply to the upload route.
+    max_upload_bytes: int = Field(64 * 2**20, ge=1024)
+    # Files one owner (a key's team, else the key) may keep; one more is a 400 until some are deleted.
+    max_files_per_owner: int = Field(100, ge=1)
+
+
+class FineTuningTierLimits(Section):
+    """What one team (a key's team, else the key) of a gateway tier may do with fine-tuning jobs."""
+
+    max_running_jobs: int = Field(1, ge=0)
+    max_queued_jobs: int = Field(4, ge=0)  # validating_files + queued, beyond the running ones
+    training_tokens_per_day: int = Field(2_000_000, ge=0)  # tokens trained (rows x epochs), per UTC day
+
+
+def _default_ft_tiers() -> dict[str, FineTuningTierLimits]:
+    return {
+        "free": FineTuningTierLimits(max_running_jobs=1, max_queued_jobs=1, training_tokens_per_day=200_000),
+        "paid": FineTuningTierLimits(max_running_jobs=1, max_queued_jobs=4, training_tokens_per_day=5_000_000),
+        "enterprise": FineTuningTierLimits(max_running_jobs=2, max_queued_jobs=16, training_tokens_per_day=50_000_000),
+    }
+
+
+class FineTuningConfig(Section):
+    """The fine-tuning jobs API (/v1/fine_tuning/jobs, tuneloop/finetune): each job is a run of
+    the training flow on a team's uploaded file, registered as a LoRA adapter of its base."""
+
+    enabled: bool = True
+    # embedded: the server starts each job as a flow run in a child process of its own (on
+    # this machine); prefect: it asks a Prefect worker to run `deployment` (prefect.yaml).
+    runner: Literal["embedded", "prefect"] = "embedded"
+    deployment: str = "training/fine-tuning-job"
+    # Jobs running at once on this machine (or handed to the worker), every team together.
+    max_running: int = Field(1, ge=1)
+    # A job running longer is cancelled and fails (error code job_timeout).
+    job_timeout_s: float = Field(3600.0, gt=0)
+    poll_interval_s: float = Field(1.0, gt=0)
+    # Per gateway tier (the key's tier); a tier missing here gets the defaults.
+    tiers: dict[str, FineTuningTierLimits] = Field(default_factory=_default_ft_tiers)
 
 
 class TuneloopConfig(Section):
@@ -831,6 +922,8 @@ class TuneloopConfig(Section):
     gateway: GatewayConfig = GatewayConfig()
     request_log: RequestLogConfig = RequestLogConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
+    files: FilesConfig = FilesConfig()
+    fine_tuning: FineTuningConfig = FineTuningConfig()
 
     # Where this config came from; relative paths in it resolve against base_dir.
     _source: Path | None = PrivateAttr(None)

@@ -59,6 +59,10 @@ class CallHook:
         """This request's share of the engine (tuneloop.serving.admission.Share), or None."""
         return None
 
+    def tier(self) -> str | None:
+        """The caller's tier (its key's), where this hook knows one."""
+        return None
+
     async def reserve(self, call, tokens: int) -> None:
         """Before generating: take the request's most tokens from its budget (may refuse)."""
 
@@ -138,6 +142,9 @@ class Hooks:
             if share is not None:
                 return share
         return None
+
+    def tier(self) -> str | None:
+        return next((t for t in (h.tier() for h in self.hooks) if t is not None), None)
 
     async def reserve(self, call, tokens: int) -> None:
         for h in self.hooks:

@@ -21,6 +21,10 @@ truncated or redacted row is marked on its kept row, a dropped one is a row of i
 (split "dropped") that only the policies' checks look at, so that "few over-long rows"
 counts them against every row read and fails only above max_overlong_fraction.
 
+Preference pairs (OpenAI's DPO format) are checked as their prompt and preferred answer, with
+the rejected answer's secrets and personal data found too and their token length the longer
+of the two conversations (formatting.count_tokens).
+
 Thresholds come from ValidationConfig. Checks that cannot run (no tokenizer given, no
 eval split, completions that are free text rather than class labels) are skipped and the
 report says why.
@@ -140,6 +144,9 @@ def build_frame(
             leaked = train_prompts.get(prompt_hash) if split == "eval" and prompt else None
             secrets = find_secrets(ex.completion) if completion else []
             pii = find_pii(ex.completion) if completion else []
+            if ex.rejected is not None:  # a preference pair: its rejected answer is trained on too
+                secrets += [f"{k} (rejected answer)" for k in find_secrets(ex.rejected_text)]
+                pii += [f"{k} (rejected answer)" for k in find_pii(ex.rejected_text)]
             row = {
                 "split": split,
                 "example_id": ex.example_id,

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import ROOT
-from tests.support.servers import GATEWAY_OFF, free_port, service
+from tests.support.servers import smollm2_served
 
 CONFIG = ROOT / "configs" / "smollm2.yaml"
 pytestmark = [
@@ -54,23 +52,10 @@ def test_the_preset_is_a_standard_hf_folder(smollm2_dir):
 def test_served_smollm2_answers_through_the_openai_sdk(smollm2_dir, tmp_path):
     import openai
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
-    env.update(
-        {
-            "TUNELOOP_HOME": str(tmp_path / "home"),
-            "BENTOML_HOME": str(tmp_path / "bentoml"),
-            "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
-            # the converted folder the fixture made (the config's home is per test here)
-            "TUNELOOP__SERVING__MODEL_DIR": str(smollm2_dir),
-            **GATEWAY_OFF,
-        }
-    )
     # Default settings (serving.dtype auto, the fused forward): the reference's answer. The
     # bfloat16 default of earlier versions answered "L'Étoile, la Marseillaise, la femme,".
-    cmd = [sys.executable, "-m", "tuneloop.cli", "serve", "--config", str(CONFIG), "--port", str(port)]
-    with service(cmd, f"http://127.0.0.1:{port}/readyz", tmp_path / "serve.log", env=env, timeout=400, cwd=ROOT):
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    with smollm2_served(smollm2_dir, tmp_path) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         reply = client.chat.completions.create(
             model=model,

@@ -268,12 +268,24 @@ def test_unknown_paths_neither_grow_metrics_nor_forge_log_lines(server):
 
             async def one(i):
                 async with sem:
-                    return await client.get(f"{url}/probe-{i}%00%01x/{i * 7919}")
+                    # As real clients do (the openai SDK retries twice): a request sent on a kept-alive
+                    # connection the server closed at that moment is sent again. uvicorn closes a
+                    # connection idle 5 s, and under uvloop its timer runs before the read waiting
+                    # beside it, so a server stalled that long by a loaded CI machine drops a request.
+                    for attempt in range(3):
+                        try:
+                            return await client.get(f"{url}/probe-{i}%00%01x/{i * 7919}")
+                        except (httpx.ReadError, httpx.RemoteProtocolError):
+                            dropped.append(i)
+                            if attempt == 2:
+                                raise
 
             return await asyncio.gather(*(one(i) for i in range(2000)))
 
+    dropped: list[int] = []
     statuses = {r.status_code for r in asyncio.run(main())}
     assert statuses == {404}, statuses
+    assert len(dropped) <= 20, f"{len(dropped)} of 2000 connections dropped"  # a race, not a habit
     after = httpx.get(url + "/metrics", timeout=30).text
     assert len(after) - len(before) < 50_000, (len(before), len(after))
     assert "\x00" not in after and "probe-" not in after and "/{unknown}" in after

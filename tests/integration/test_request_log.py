@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,21 @@ def make_key(cfg, tier="enterprise") -> tuple[str, str]:
         return key, record.id
     finally:
         store.close()
+
+
+def as_logged(rec: dict, texts: list[str]) -> bool:
+    """The record holds the texts the client got, or, where the log's writer redacted them (a
+    sampled answer of the tiny model may look like personal data: CI's 'ck.etD' was taken for a
+    URL), a redaction of each: the same text before the first placeholder and after the last."""
+    if rec["completions"] == texts:
+        return True
+    if not rec["completion_redacted"] or len(rec["completions"]) != len(texts):
+        return False
+    for logged_text, text in zip(rec["completions"], texts):
+        parts = re.split(r"<[A-Z_]+>", logged_text)
+        if len(parts) < 2 or not (text.startswith(parts[0]) and text.endswith(parts[-1])):
+            return False
+    return True
 
 
 def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_path):
@@ -150,13 +166,13 @@ def test_every_request_is_logged_exactly_once_under_concurrent_load(loaded, tmp_
                 for line in resp.text.splitlines()
                 if line.startswith("data: {") and '"choices":[{' in line
             )
-            assert rec["stream"] is True and rec["completions"] == [text]
+            assert rec["stream"] is True and as_logged(rec, [text]), rec
         else:
             body = resp.json()
             usage = body["usage"]
             assert rec["response_id"] == body["id"]
             texts = [c.get("text", c.get("message", {}).get("content")) for c in body["choices"]]
-            assert rec["completions"] == texts
+            assert as_logged(rec, texts), rec
         assert rec["prompt_tokens"] == usage["prompt_tokens"]
         assert rec["completion_tokens"] == usage["completion_tokens"]
         assert rec["latency_s"] > 0 and rec["engine"] == "continuous"
@@ -593,3 +609,128 @@ def test_an_s3_bucket_gets_every_segment_once_closed_and_a_failed_upload_is_retr
     open_sink(url, home).close()
     assert not orphan.exists()
     assert [r["request_id"] for r in read_records(url, home)][-1] == rec(40)["request_id"]
+
+
+def test_preference_feedback_becomes_dpo_pairs(loaded, tmp_path):
+    """POST /v1/feedback with a `preference` (chosen, rejected) for a logged chat request is
+    validated, stored redacted with the log, and exported with corrections and ratings as
+    preference pairs in OpenAI's DPO format: only from the key that made the request."""
+    cfg = gateway_config(tmp_path)
+    key, key_id = make_key(cfg)
+    other_key, _ = make_key(cfg)
+
+    async def test(app, g, request_log):
+        client = raw(app)
+        h = bearer(key)
+
+        async def chat(content: str, **sampling) -> str:
+            r = await client.post(
+                "/v1/chat/completions",
+                headers=h,
+                json={"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **sampling},
+            )
+            assert r.status_code == 200
+            return r.headers["x-request-id"]
+
+        asked = await chat("2+2?", temperature=0)
+        rated = [await chat("Name a colour.", temperature=1.0, seed=s) for s in (1, 2)]
+
+        async def feedback(body: dict, as_key: str = key):
+            return await client.post("/v1/feedback", headers=bearer(as_key), json=body)
+
+        pref = {"chosen": "4, mail a@b.com", "rejected": "5"}
+        ok = [
+            await feedback({"request_id": asked, "preference": pref}),
+            await feedback({"request_id": asked, "correction": "Four."}),
+            await feedback({"request_id": rated[0], "rating": 1}),
+            await feedback({"request_id": rated[1], "rating": -1}),
+            await feedback({"request_id": asked, "preference": {"chosen": "six", "rejected": "7"}}, other_key),
+        ]
+        bad = [
+            await feedback(b)
+            for b in (
+                {"request_id": asked, "preference": {"chosen": "same", "rejected": "same"}},
+                {"request_id": asked, "preference": {"chosen": "4"}},
+                {"request_id": asked, "preference": {"chosen": "", "rejected": "5"}},
+                {"request_id": asked, "preference": {"chosen": "4", "rejected": "5", "extra": 1}},
+            )
+        ]
+        await client.aclose()
+        request_log.flush()
+        return asked, rated, ok, bad
+
+    asked, rated, ok, bad = run_logged(loaded, cfg, test)
+    assert [r.status_code for r in ok] == [200] * 5
+    assert [b.status_code for b in bad] == [400] * 4
+    assert "nothing to prefer" in bad[0].json()["error"]["message"]
+    stored = logged(cfg, "feedback")
+    assert (
+        stored[0]["rejected"] == "5"
+        and stored[0]["chosen"].startswith("4, mail ")
+        and "a@b.com" not in stored[0]["chosen"]
+    )
+
+    requests = {r["request_id"]: r for r in logged(cfg)}
+    answer = requests[asked]["completions"][0]
+    colours = [requests[r]["completions"][0] for r in rated]
+    assert answer.strip() and colours[0] != colours[1]  # what the tiny model wrote: a pair to make
+
+    from tuneloop.data.formats import load_file
+    from tuneloop.requestlog.feedback import export_preference_dataset
+
+    out = tmp_path / "prefs" / "pairs.jsonl"
+    lineage = export_preference_dataset(cfg, out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+
+    def row(prompt: str, chosen: str, rejected: str) -> dict:
+        return {
+            "input": {"messages": [{"role": "user", "content": prompt}]},
+            "preferred_output": [{"role": "assistant", "content": chosen}],
+            "non_preferred_output": [{"role": "assistant", "content": rejected}],
+        }
+
+    assert rows == [
+        row("2+2?", stored[0]["chosen"], "5"),  # the preference, as stored (redacted)
+        row("2+2?", "Four.", answer),  # the correction preferred to the answer it corrects
+        row("Name a colour.", colours[0], colours[1]),  # the rating +1 answer over the -1 one
+    ]
+    assert lineage["sources"] == {"preference": 1, "correction": 1, "ratings": 1}
+    assert lineage["rejected"] == {"from another key than the request": 1}
+    assert len(lineage["feedback_ids"]) == 4
+    loaded_back = load_file(out)  # the file meets the data contract: a preference tuning file
+    assert loaded_back.format == "dpo" and len(loaded_back.examples) == 3 and not loaded_back.rejects
+
+
+def test_a_choice_that_stops_at_its_first_token_still_has_a_time_to_first_token(loaded, tmp_path):
+    """A sampled answer may open with a stop token (no text, zero completion tokens): the model
+    still produced a first token, so the record's ttft_s is set (CI once saw it None under load).
+    The stop token is forced here with logit_bias."""
+    cfg = gateway_config(tmp_path, auth="off")
+    stop = min(loaded.stop_ids)
+
+    async def test(app, g, request_log):
+        client = raw(app)
+        out = [
+            await client.post(
+                "/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": "hi",
+                    "max_tokens": 4,
+                    "stream": stream,
+                    "logit_bias": {str(stop): 100},
+                },
+            )
+            for stream in (False, True)
+        ]
+        await client.aclose()
+        request_log.flush()
+        return out
+
+    responses = run_logged(loaded, cfg, test)
+    records = {r["request_id"]: r for r in logged(cfg)}
+    for resp in responses:
+        assert resp.status_code == 200
+        rec = records[resp.headers["x-request-id"]]
+        assert rec["completion_tokens"] == 0 and rec["completions"] == [""], rec
+        assert rec["ttft_s"] is not None and 0 < rec["ttft_s"] <= rec["latency_s"]

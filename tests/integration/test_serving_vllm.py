@@ -103,6 +103,11 @@ def test_vllm_engine_answers_like_generate_behind_tuneloops_api(vllm_server):
             )
         assert got.choices[0].text == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), prompt
         assert got.usage.prompt_tokens == ids.shape[1]
+    # vLLM's own prefix cache reports what it reused as usage's cached_tokens, as the slots engine's does
+    long = "The quick brown fox jumps over the lazy dog. " * 15
+    c.completions.create(model="tiny-chat", prompt=long, max_tokens=2, temperature=0)
+    again = c.completions.create(model="tiny-chat", prompt=long + "Hello", max_tokens=2, temperature=0)
+    assert 0 < again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens
 
     chat = c.chat.completions.create(
         model="tiny-chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
@@ -142,13 +147,63 @@ def test_vllm_engine_answers_like_generate_behind_tuneloops_api(vllm_server):
     with pytest.raises(openai.BadRequestError) as e:  # tuneloop's checks stand in front of the engine
         c.completions.create(model="tiny-chat", prompt="word " * 300, max_tokens=10)
     assert e.value.body["code"] == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.BadRequestError) as e:  # a schema keyword no grammar honours: ours refuses it
         c.chat.completions.create(
             model="tiny-chat",
             messages=[{"role": "user", "content": "Hi"}],
-            tools=[{"type": "function", "function": {"name": "f"}}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}},
         )
-    assert e.value.body["param"] == "tools"
+    assert e.value.body["param"] == "response_format"
+
+
+def test_vllm_engine_applies_the_same_constraints(vllm_server):
+    """Structured outputs pass through to vLLM's own (its llguidance backend, as tuneloop's
+    engines use): the random tiny model's answers match the schema, the choice, the regex and
+    a Lark grammar with an embedded JSON schema (what forced tool calls compile to)."""
+    import json
+    import re
+
+    import jsonschema
+
+    url, _, _ = vllm_server
+    c = client(url)
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+    out = c.chat.completions.create(
+        model="tiny-chat",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=60,
+        n=2,
+        seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}},
+    )
+    for choice in out.choices:
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    picked = c.completions.create(
+        model="tiny-chat", prompt="Hi", max_tokens=10, extra_body={"structured_outputs": {"choice": ["yes", "no"]}}
+    )
+    assert picked.choices[0].text in ("yes", "no")
+    phone = c.completions.create(
+        model="tiny-chat", prompt="Hi", max_tokens=20, temperature=0, extra_body={"guided_regex": "[0-9]{3}-[0-9]{2}"}
+    )
+    assert re.fullmatch("[0-9]{3}-[0-9]{2}", phone.choices[0].text), phone.choices[0].text
+    from tuneloop.chat_format import JSON_LAYOUT  # how tuneloop's call grammars write JSON
+
+    lark = 'start: "<call>" obj "</call>"\nobj: %json ' + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
+    called = c.completions.create(
+        model="tiny-chat", prompt="Hi", max_tokens=60, temperature=0, extra_body={"guided_grammar": lark}
+    )
+    text = called.choices[0].text
+    assert text.startswith("<call>") and text.endswith("</call>"), text
+    jsonschema.validate(json.loads(text[len("<call>") : -len("</call>")]), schema)
 
 
 def test_a_dead_vllm_process_fails_requests_and_turns_readyz_red(vllm_server):
@@ -177,3 +232,87 @@ def test_a_dead_vllm_process_fails_requests_and_turns_readyz_red(vllm_server):
     with pytest.raises(openai.APIStatusError) as e:
         client(url).completions.create(model="tiny-chat", prompt="Hi", max_tokens=4)
     assert e.value.status_code == 503
+
+
+@pytest.fixture(scope="module")
+def vllm_with_adapters(tmp_path_factory):
+    """A VLLMEngine (no HTTP in front: what is tested is the engine's LoRA path) over a tiny
+    Llama with two peft adapters of it, a (q,v) and b (every linear layer), and their merges."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON}: `make vllm-venv` builds it (`make test` does)")
+    from tests.support.lora import make_adapter
+    from tuneloop.config import ServingLoraConfig
+    from tuneloop.serving.engine import load_tokenizer
+    from tuneloop.serving.vllm_engine import VLLMEngine
+
+    tmp = tmp_path_factory.mktemp("vllm-lora")
+    base = build_tiny_model(tmp / "base", architecture="llama", heads=1)  # vLLM's CPU attention: head size >= 32
+    adapters = {
+        "a": make_adapter(base, tmp / "a", 1, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+        "b": make_adapter(base, tmp / "b", 2, r=8, lora_alpha=16, target_modules="all-linear"),
+        "wide": make_adapter(base, tmp / "wide", 3, merged=False, r=16, target_modules=["q_proj"]),
+    }
+    engine = VLLMEngine(
+        load_tokenizer(base),
+        VLLM_PYTHON,
+        dtype="float32",  # answers are compared with float32 `generate`
+        kv_cache_gib=1,
+        extra_args=["--enforce-eager"],
+        log_path=tmp / "vllm.log",
+        lora=ServingLoraConfig(max_loaded=2, max_rank=8),
+    )
+    assert (
+        "--enable-lora" in engine.command() and engine.command()[engine.command().index("--max-lora-rank") + 1] == "8"
+    )
+    engine.launch()
+    started = time.perf_counter()
+    assert engine.ready.wait(600) and engine.is_running, engine.failed
+    print(f"\nvllm engine with LoRA: ready in {time.perf_counter() - started:.0f} s")
+    try:
+        yield engine, base, adapters
+    finally:
+        engine.stop()
+
+
+def test_vllm_engine_serves_each_request_its_lora_adapter(vllm_with_adapters):
+    """Requests of two adapters and of the base at once, twice: each answers as its adapter
+    merged into the base (float32 `generate`), base rows as the base; the adapters are
+    registered with vLLM on first use; a rank over serving.lora.max_rank is refused at submit
+    with the same 400 as the slots engine."""
+    import asyncio
+
+    from tests.support.serving import PROMPTS, collect, reference
+    from tuneloop.serving.engine import GenerationStream, SamplingParams, load_model
+    from tuneloop.serving.lora import AdapterError, AdapterRef
+
+    engine, base, adapters = vllm_with_adapters
+    tok = load_model(base).tokenizer
+    refs = {name: AdapterRef(f"ft:tiny:{name}", str(paths[0])) for name, paths in adapters.items()}
+    specs = [(tok(p)["input_ids"], name) for p in PROMPTS[:3] for name in (None, "a", "b")]
+
+    async def main():
+        streams = [
+            GenerationStream(f"l{i}", ids, SamplingParams(10, temperature=0.0, adapter=refs.get(name)))
+            for i, (ids, name) in enumerate(specs)
+        ]
+        for s in streams:
+            engine.submit(s)
+        with pytest.raises(AdapterError, match="rank 16"):
+            engine.submit(GenerationStream("wide", specs[0][0], SamplingParams(4, adapter=refs["wide"])))
+        first = await asyncio.gather(*(collect(s) for s in streams))
+        again = [GenerationStream(f"m{i}", s.prompt_ids, s.params) for i, s in enumerate(streams)]
+        for s in again:  # all registered now: the rows share the first steps
+            engine.submit(s)
+        return first + list(await asyncio.gather(*(collect(s) for s in again)))
+
+    got = asyncio.run(main())
+    specs = specs + specs
+    models = {None: load_model(base), **{n: load_model(adapters[n][1]) for n in "ab"}}
+    for (ids, name), (tokens, _) in zip(specs, got):
+        assert tokens == reference(models[name], ids, 10), name
+    assert [tokens for (_, name), (tokens, _) in zip(specs, got) if name == "a"] != [
+        tokens for (_, name), (tokens, _) in zip(specs, got) if name is None
+    ]
+    # registered once each; base requests name the zero adapter (vLLM's CPU LoRA ops would
+    # otherwise give them the adapter in the last slot: vllm_engine.py)
+    assert set(engine._adapters) == {"ft:tiny:a", "ft:tiny:b", "tuneloop-base"}

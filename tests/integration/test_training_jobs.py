@@ -207,6 +207,8 @@ def test_lora_job_saves_merged_plain_model(tmp_path, base_model, dataset_dir):
     changed = {k for k in base if not (merged[k] == base[k]).all()}
     assert changed and all("c_attn" in k for k in changed)  # only the adapted projection moved
     assert (Path(spec.output_dir) / "adapter" / "adapter_config.json").is_file()
+    assert result.train_result["adapter_dir"] == str(Path(spec.output_dir) / "adapter")  # an adapter-only version
+    assert result.train_result["objective"] == "sft"
     assert all(isinstance(a, str) for a in greedy_answers(result.model_dir, sentiment_examples(2, seed=3)))
 
 

@@ -376,6 +376,28 @@ GATEWAY_OFF = {
 }
 
 
+@contextmanager
+def smollm2_served(model_dir: Path, tmp: Path):
+    """`tuneloop serve` of configs/smollm2.yaml with default settings, the gateway off, on a free
+    127.0.0.1 port, serving the converted SmolLM2 folder; yields the base URL (`.../v1`)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNELOOP")}
+    env.update(
+        {
+            "TUNELOOP_HOME": str(tmp / "home"),
+            "BENTOML_HOME": str(tmp / "bentoml"),
+            "TUNELOOP__MODEL__BASE_MODEL": "smollm2-135m-instruct",
+            # the converted folder the caller made (the config's home is per test here)
+            "TUNELOOP__SERVING__MODEL_DIR": str(model_dir),
+            **GATEWAY_OFF,
+        }
+    )
+    config = ROOT / "configs" / "smollm2.yaml"
+    cmd = [sys.executable, "-m", "tuneloop.cli", "serve", "--config", str(config), "--port", str(port)]
+    with service(cmd, f"http://127.0.0.1:{port}/readyz", tmp / "serve.log", env=env, timeout=400, cwd=ROOT):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
 def run_ok(cmd: list[str], env: dict, timeout: float = 900, cwd=None) -> subprocess.CompletedProcess:
     """Run a command to its end; fail the test with the end of its output unless it exits 0."""
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT)

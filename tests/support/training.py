@@ -1,6 +1,7 @@
 """A small, learnable training task (sentiment words -> "positive"/"negative"): a few dozen
 steps show a clear drop in eval loss and correct greedy answers. The training plan's tests
-and the real jobs' use the same rows."""
+and the real jobs' use the same rows. The same task as preference pairs (OpenAI's DPO
+format: the right label preferred, the wrong one not) for preference tuning's tests."""
 
 from __future__ import annotations
 
@@ -43,3 +44,19 @@ def sentiment_dataset(folder: Path) -> Path:
     write_jsonl(folder / "train.jsonl", sentiment_examples(256, seed=0))
     write_jsonl(folder / "eval.jsonl", sentiment_examples(32, seed=1))
     return folder
+
+
+def sentiment_preference_rows(n: int, seed: int) -> list[dict]:
+    """The sentiment task as OpenAI DPO rows: the right label preferred, the other one not.
+    Half the pairs prefer each word, so a model that merely likes one word wins half."""
+    rows = []
+    for ex in sentiment_examples(n, seed):
+        wrong = "negative" if ex.completion == "positive" else "positive"
+        rows.append(
+            {
+                "input": {"messages": ex.messages[:-1]},
+                "preferred_output": [{"role": "assistant", "content": ex.completion}],
+                "non_preferred_output": [{"role": "assistant", "content": wrong}],
+            }
+        )
+    return rows

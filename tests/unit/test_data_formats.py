@@ -85,7 +85,7 @@ def test_chat_bad_rows_are_rejected_with_line_and_reason(tmp_path):
             {"messages": "hello"},  # 6 wrong type
             chat(("user", "q"), ("assistant", "   ")),  # 7 blank content
             {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]},  # 8
-            chat(("tool", "q"), ("assistant", "a")),  # 9 unknown role
+            chat(("tool", "q"), ("assistant", "a")),  # 9 tool message answering no call
             chat(("system", "s"), ("user", "q")),  # 10 no assistant
             chat(("user", "q"), ("assistant", "a"), ("user", "again?")),  # 11 ends with user
             {"messages": [{"content": "q"}, {"role": "assistant", "content": "a"}]},  # 12 no role
@@ -105,7 +105,7 @@ def test_chat_bad_rows_are_rejected_with_line_and_reason(tmp_path):
         (6, "field 'messages' must be an array, got string"),
         (7, "messages[1]: field 'content' is empty"),
         (8, "messages[0]: field 'content' must be a string, got number"),
-        (9, "messages[0]: unknown role 'tool' (expected system, user or assistant)"),
+        (9, "messages[0]: a tool message needs 'tool_call_id': the id of the call it answers"),
         (10, "no assistant message: nothing to learn"),
         (11, "last message must be from the assistant, got 'user'"),
         (12, "messages[0]: missing field 'role'"),

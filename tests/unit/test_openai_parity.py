@@ -17,7 +17,6 @@ import asyncio
 
 import pytest
 
-from tests.support import ROOT
 from tests.support.serving import make_server, raw, run_engine, sdk
 
 ENGINES = ["adaptive", "continuous", "slots"]
@@ -178,13 +177,13 @@ def test_no_op_parameters_are_accepted_and_unsupported_ones_named(loaded):
         )
         assert same.choices[0].message.content == base.choices[0].message.content
         refused = [
-            ({"response_format": {"type": "json_object"}}, "response_format"),
-            (
-                {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+            ({"response_format": {"type": "xml"}}, "response_format"),
+            (  # a schema keyword the grammar library cannot honour: named, not ignored
+                {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
                 "response_format",
             ),
-            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"tools": [{"type": "code_interpreter"}]}, "tools"),
+            ({"tool_choice": "auto"}, "tool_choice"),  # without tools
             ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=true
             ({"extra_body": {"audio": {"voice": "alloy", "format": "wav"}}}, "audio"),
             ({"extra_body": {"modalities": ["audio"]}}, "modalities[0]"),
@@ -273,7 +272,11 @@ def test_logprobs_through_the_api(loaded):
             if c.choices and c.choices[0].logprobs
             for e in c.choices[0].logprobs.content
         ]
-        assert [(e.token, round(e.logprob, 5)) for e in pieces] == [(e.token, round(e.logprob, 5)) for e in content]
+        # the streamed request reuses the first one's prompt from the prefix cache: the same tokens,
+        # and log-probabilities equal to ~1e-5 (its last prompt token is prefilled on its own, as a
+        # chunked prefill would); rounding both to 5 decimals could still split at a boundary
+        assert [e.token for e in pieces] == [e.token for e in content]
+        assert [e.logprob for e in pieces] == pytest.approx([e.logprob for e in content], abs=1e-4)
         plain = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
         assert plain.choices[0].logprobs is None
 
@@ -298,17 +301,24 @@ def test_requests_are_bounded_by_the_kv_cache_slot_not_the_model_window(loaded):
 
 
 def test_responses_validate_against_openais_published_schemas(loaded):
-    """Every response shape above, checked with jsonschema against the response objects of
-    OpenAI's OpenAPI spec (restated in tests/schemas/openai_responses.json): stricter than
-    the SDK, whose models accept missing fields."""
+    """Every response shape above, checked with jsonschema against OpenAI's published OpenAPI
+    spec (vendored: tests/support/openai_schemas/): stricter than the SDK, whose models accept
+    missing fields. The spec has no schema for a streamed completions chunk: those are checked
+    as a whole completion whose finish_reason and usage may still be null."""
     import json
 
-    import jsonschema
-
-    spec = json.loads((ROOT / "tests" / "schemas" / "openai_responses.json").read_text())
+    from tests.support.openai_schema import validate
 
     def check(name: str, body: dict) -> None:
-        jsonschema.validate(body, {**spec, "$ref": f"#/$defs/{name}"})
+        if name == "CompletionStreamChunk":
+            body = {
+                **body,
+                "choices": [{**c, "finish_reason": c["finish_reason"] or "length"} for c in body["choices"]],
+            }
+            if body.get("usage") is None:
+                body.pop("usage", None)
+            name = "CreateCompletionResponse"
+        validate("ErrorResponse" if name == "Error" else name, body)
 
     def events(text: str) -> list[dict]:
         out = [e.removeprefix("data: ") for e in text.split("\n\n") if e]

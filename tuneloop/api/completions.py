@@ -3,6 +3,8 @@ path is handlers.serve, shared with chat."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 
 from tuneloop.api.handlers import Shape, serve
@@ -10,6 +12,7 @@ from tuneloop.api.logprobs import CompletionLogprobs
 from tuneloop.api.prepare import echo_texts, prepare, prompt_items, tokenize_completion, tokenized
 from tuneloop.api.protocol import CompletionRequest
 from tuneloop.api.server import OpenAIServer
+from tuneloop.api.structured import constraint_of, output_constraint
 
 
 class CompletionShape(Shape):
@@ -40,7 +43,14 @@ class CompletionShape(Shape):
 
     async def prepare(self, server, body: CompletionRequest, hooks, call):
         prompts = await tokenized(tokenize_completion, server, body)
-        prepared = prepare(server, body, prompts, "prompt", echo=echo_texts(server, body, prompts))
+        constraint = constraint_of(body)
+        if constraint is not None:  # compiled off the event loop
+            constraint = await asyncio.to_thread(
+                lambda: output_constraint(body, None, constraint, server.loaded.grammar_tokenizer)
+            )
+        prepared = prepare(
+            server, body, prompts, "prompt", echo=echo_texts(server, body, prompts), constraint=constraint
+        )
         if prepared.echo:
             prepared.echo = await hooks.screen_outputs(call, prepared.echo)
         return prepared
@@ -56,7 +66,7 @@ class CompletionShape(Shape):
             "logprobs": logprobs.render(i, text, entries),
         }
 
-    def delta(self, i, text, finish, entries, logprobs):
+    def delta(self, i, text, finish, entries, logprobs, prepared=None):
         return {"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs.render(i, text, entries)}
 
     def first_chunks(self, base, gens, prepared, logprobs):
@@ -73,6 +83,9 @@ class CompletionShape(Shape):
             if prepared.echo
             else []
         )
+
+    def stored(self, i, text, finish, prepared):
+        return {"text": (prepared.echo[i] if prepared.echo else "") + text, "finish_reason": finish}
 
     def cached_choice(self, i, c, delta):
         return {"index": i, "finish_reason": c["finish_reason"], "logprobs": None, "text": c["text"]}

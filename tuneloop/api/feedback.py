@@ -1,5 +1,7 @@
-"""POST /v1/feedback (tuneloop's own): a rating and/or a corrected completion for a logged
-request, stored with the request log (the loop's retrain reads it)."""
+"""POST /v1/feedback (tuneloop's own): a rating, a corrected completion and/or a preference (a
+chosen and a rejected completion) for a logged request, stored with the request log (the
+loop's retrain reads it: tuneloop/requestlog/feedback.py turns corrections into training rows
+and preferences, corrections and ratings into DPO pairs)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def create_feedback(request_log, body: FeedbackRequest, request: Request) -> dic
             "rating": body.rating,
             "correction": body.correction,
             "comment": body.comment,
+            "chosen": body.preference.chosen if body.preference else None,
+            "rejected": body.preference.rejected if body.preference else None,
             "via": call.request_id,
         },
         stream="feedback",

@@ -88,11 +88,7 @@ class Generations:
         stream, text = self.streams[i], self.assemblers[i]
         seen = 0  # stream.token_logprobs handed out so far
         async for ids in stream.events():
-            if not self._got_token[i]:
-                self._got_token[i] = True
-                if self.server.metrics:
-                    self.server.metrics.first_token()
-                self.call.first_token()
+            self._first_token(i)
             delta = await self._out(i, text.add(ids))
             self.completion_tokens[i] = len(text.ids)
             logprobs = stream.token_logprobs[seen : seen + len(ids)]  # delivered in the tokens' order
@@ -112,6 +108,8 @@ class Generations:
                 yield delta, None, entries
         if stream.finish_reason == "cancelled":
             raise Aborted(self.abort_reason or "cancelled")
+        # a choice whose first token was a stop token shows no text, yet its first token came
+        self._first_token(i)
         last = await self._out(i, text.flush(), final=True)
         held = self.held[i]
         yield (
@@ -119,6 +117,13 @@ class Generations:
             await self._finish(i, "stop" if stream.finish_reason == "stop" else "length"),
             [] if held is None else held.release(final=True),
         )
+
+    def _first_token(self, i: int) -> None:
+        if not self._got_token[i]:
+            self._got_token[i] = True
+            if self.server.metrics:
+                self.server.metrics.first_token()
+            self.call.first_token()
 
     async def _out(self, i: int, delta: str, final: bool = False) -> str:
         """What the client may see of a text delta: PII redacted (a tail held back until it is
@@ -235,8 +240,23 @@ class _SSEResponse(StreamingResponse):
             self._on_close()
 
 
-def stream_response(gens: Generations, make_chunk, include_usage: bool, first_chunks: list[dict], on_done=None):
+def stream_response(
+    gens: Generations,
+    make_chunk,
+    include_usage: bool,
+    first_chunks: list[dict],
+    on_done=None,
+    *,
+    last_chunks=None,
+    error_chunk=None,
+    end: str | None = "[DONE]",
+    encode=sse,
+):
     """SSE over all choices of a request, interleaved as their tokens arrive.
+
+    A route with its own events (the Responses API) gives last_chunks() (the events once every
+    choice has ended), error_chunk(error) (an error as its event, else `{"error": ...}`), end
+    (the last event, None: none) and encode(event) (its SSE text: `event:` lines too).
 
     Events that are ready together go out in one write: each write passes BentoML's and
     Starlette's middleware (an OpenTelemetry span each) and a socket send, which at 32
@@ -256,7 +276,7 @@ def stream_response(gens: Generations, make_chunk, include_usage: bool, first_ch
                 queue.put_nowait((i, exc, None, None))
 
         tasks = [asyncio.ensure_future(pump(i)) for i in range(len(gens.streams))]
-        out = [sse(chunk) for chunk in first_chunks]  # events not yet written
+        out = [encode(chunk) for chunk in first_chunks]  # events not yet written
         error: ServingError | None = None
         try:
             pending = len(tasks)
@@ -271,12 +291,15 @@ def stream_response(gens: Generations, make_chunk, include_usage: bool, first_ch
                         if finish is not None:
                             pending -= 1
                         if delta or finish or entries:
-                            out.append(sse(make_chunk(i, delta, finish, entries=entries)))
+                            made = make_chunk(i, delta, finish, entries=entries)
+                            out.extend(encode(c) for c in (made if isinstance(made, list) else [made]))
                     if pending:
                         yield "".join(out)
                         out = []
             if include_usage:
-                out.append(sse(make_chunk(None, None, None, usage=usage(gens))))
+                out.append(encode(make_chunk(None, None, None, usage=usage(gens))))
+            if last_chunks is not None:
+                out.extend(encode(c) for c in last_chunks())
             if on_done is not None:
                 await on_done()
         except TimeoutError:
@@ -296,11 +319,28 @@ def stream_response(gens: Generations, make_chunk, include_usage: bool, first_ch
             gens.abort_reason = error.reason
             gens.server.count_rejection(error.reason)
             gens.call.error_code, gens.call.error_type = error.code or error.reason, error.type
-            out.append(sse(error.body()))
-        out.append(sse("[DONE]"))
+            out.append(encode(error_chunk(error) if error_chunk is not None else error.body()))
+        if end is not None:
+            out.append(sse(end))
         yield "".join(out)
 
     return _SSEResponse(body(), on_close=gens.close)
+
+
+def cached_tokens(gens: Generations) -> int:
+    """Prompt tokens the engine did not prefill (the slots engine's prefix cache), counted as
+    prompt_tokens counts them: each prompt once, with the fewest of its n choices (they are
+    consecutive streams of one prompt: prepare.py)."""
+    total = 0
+    group: list[GenerationStream] = []
+    for stream in gens.streams:
+        if group and stream.prompt_ids != group[0].prompt_ids:
+            total += min(s.cached_tokens for s in group)
+            group = []
+        group.append(stream)
+    if group:
+        total += min(s.cached_tokens for s in group)
+    return min(total, gens.prompt_tokens)
 
 
 def usage(gens: Generations) -> dict:
@@ -309,8 +349,8 @@ def usage(gens: Generations) -> dict:
         "prompt_tokens": gens.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": gens.prompt_tokens + completion,
-        # What is known of them: no prompt cache, no reasoning, no predicted outputs.
-        "prompt_tokens_details": {"cached_tokens": 0},
+        # What is known of them: the prompt's cached prefix; no reasoning, no predicted outputs.
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(gens)},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "accepted_prediction_tokens": 0,

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from tuneloop.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
 from tuneloop.api.server import OpenAIServer
+from tuneloop.api.structured import ToolPlan
+from tuneloop.chat_format import content_text, render_chat
+from tuneloop.serving.constraints import Constraint
 from tuneloop.serving.engine import SamplingParams
 from tuneloop.serving.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 
@@ -22,6 +25,8 @@ class Prepared:
     include_usage: bool
     prompt_tokens: int  # each prompt counted once, whatever n is
     echo: list[str] | None = None  # per choice: the prompt's text, returned before the completion
+    tools: ToolPlan | None = None  # chat with tools: how the answer's calls are read
+    readers: list | None = None  # streamed chat with tools: each choice's ToolCallStream
 
 
 def check_model(server: OpenAIServer, model: str) -> None:
@@ -35,9 +40,11 @@ def check_model(server: OpenAIServer, model: str) -> None:
 def prompt_texts(body) -> tuple[list[str], list[list[int]]]:
     """(the prompt's texts, its token-id prompts) as sent."""
     if isinstance(body, ChatCompletionRequest):
-        return [
-            m.content if isinstance(m.content, str) else "".join(p.text for p in m.content) for m in body.messages
-        ], []
+        texts = [content_text(m.content) for m in body.messages]
+        # the tools and earlier calls are rendered into the prompt too
+        extra = [json.dumps(body.tools)] if body.tools else []
+        extra += [c.function.arguments for m in body.messages for c in m.tool_calls or []]
+        return texts + extra, []
     items, _ = prompt_items(body.prompt)
     return [p for p in items if isinstance(p, str)], [p for p in items if not isinstance(p, str)]
 
@@ -75,18 +82,8 @@ async def tokenized(fn, server: OpenAIServer, body) -> list[list[int]]:
 def _refuse_unsupported(body: SamplingFields) -> None:
     """Parameters OpenAI knows and this server does not implement: a 400 naming each, never
     silently ignored (each would change the answer)."""
-    if body.response_format is not None and body.response_format != {"type": "text"}:
-        raise InvalidRequest(
-            f"response_format {json.dumps(body.response_format)[:100]} is not supported: this server "
-            'does no constrained decoding; only {"type": "text"}',
-            param="response_format",
-        )
-    if body.tools:
-        raise InvalidRequest("tools: tool calling is not supported by this server", param="tools")
-    if body.tool_choice not in (None, "none"):
-        raise InvalidRequest(
-            'tool_choice: tool calling is not supported by this server (only "none")', param="tool_choice"
-        )
+    if isinstance(body, CompletionRequest) and (body.tools or body.tool_choice not in (None, "none")):
+        raise InvalidRequest("tools: tool calling is for /v1/chat/completions", param="tools")
     if isinstance(body, ChatCompletionRequest):
         if body.audio is not None:
             raise InvalidRequest("audio: audio output is not supported by this server", param="audio")
@@ -131,6 +128,8 @@ def prepare(
     prompts: list[list[int]],
     prompt_param: str,
     echo: list[str] | None = None,
+    constraint: Constraint | None = None,
+    tools: ToolPlan | None = None,
 ) -> Prepared:
     _refuse_unsupported(body)
     if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -183,11 +182,12 @@ def prepare(
                     logit_bias=bias,
                     ignore_eos=body.ignore_eos,
                     logprobs=top,
+                    constraint=constraint,
                 )
             )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echoed = [text for text in echo for _ in range(body.n)] if echo is not None else None
-    return Prepared(choices, params, stop, include_usage, sum(len(p) for p in prompts), echoed)
+    return Prepared(choices, params, stop, include_usage, sum(len(p) for p in prompts), echoed, tools)
 
 
 def prompt_items(prompt: str | list[str] | list[int] | list[list[int]]) -> tuple[list[str | list[int]], bool]:
@@ -254,19 +254,42 @@ def echo_texts(server: OpenAIServer, body: CompletionRequest, prompts: list[list
     return [server.loaded.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
 
 
-def tokenize_chat(server: OpenAIServer, body: ChatCompletionRequest | TokenizeRequest) -> list[list[int]]:
-    """The messages through the model's chat template (opening the assistant's turn unless a
-    /tokenize request says not to), as token ids."""
+def tokenize_chat(
+    server: OpenAIServer, body: ChatCompletionRequest | TokenizeRequest, tools: list[dict] | None = None
+) -> list[list[int]]:
+    """The messages (and the tools the model may call) through the model's chat template
+    (chat_format.render_chat), opening the assistant's turn unless a /tokenize request says
+    not to, as token ids."""
     tok = server.loaded.tokenizer
     if not getattr(tok, "chat_template", None):
         raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
-    messages = []
-    for m in body.messages or []:
-        content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    messages = [m.model_dump(exclude_none=True, mode="json") for m in body.messages or []]
+    _check_tool_history(messages)
     try:
         opening = body.add_generation_prompt if isinstance(body, TokenizeRequest) else True
-        text = tok.apply_chat_template(messages, add_generation_prompt=opening, tokenize=False)
+        text = render_chat(tok, messages, tools, add_generation_prompt=opening)
     except Exception as exc:  # a template may reject a conversation (e.g. roles out of order)
         raise InvalidRequest(f"messages: the chat template rejected them: {exc}", param="messages") from None
     return [server.loaded.encode(text)]
+
+
+def _check_tool_history(messages: list[dict]) -> None:
+    """Every tool message answers a call an earlier assistant message made; every call's
+    arguments are a JSON object."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        for j, c in enumerate(m.get("tool_calls") or []):
+            try:
+                args = json.loads(c["function"]["arguments"] or "{}")
+            except ValueError:
+                args = None
+            if not isinstance(args, dict):
+                raise InvalidRequest(
+                    f"messages[{i}].tool_calls[{j}].function.arguments: not a JSON object's text", param="messages"
+                )
+            calls.add(c["id"])
+        if m["role"] == "tool" and m["tool_call_id"] not in calls:
+            raise InvalidRequest(
+                f"messages[{i}]: tool_call_id {m['tool_call_id']!r} answers no tool call of an earlier assistant message",
+                param="messages",
+            )

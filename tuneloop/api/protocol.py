@@ -55,11 +55,32 @@ class SamplingFields(_Strict):
     metadata: dict[str, Text] | None = Field(None, description="Accepted, not used.")
     store: bool | None = Field(None, description="Accepted, not used: nothing is stored for later retrieval.")
     service_tier: Text | None = Field(None, description="Accepted, not used.")
-    parallel_tool_calls: bool | None = Field(None, description="Accepted without tools, not used.")
-    # Known to OpenAI, not implemented: a request that sets one is refused, naming it.
-    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported: a non-empty list is a 400.")
-    tool_choice: Any = Field(None, description='Only "none".')
+    parallel_tool_calls: bool | None = Field(
+        None, description="With tools: whether one answer may call several (default true)."
+    )
+    # Structured outputs (constrained decoding, serving/constraints.py) and tool calling.
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='{"type": "text"}, {"type": "json_object"}, or {"type": "json_schema", "json_schema": '
+        '{"name", "schema", "strict"}}: the answer is valid JSON (matching the schema), by constrained decoding.',
+    )
+    structured_outputs: dict[str, Any] | None = Field(
+        None,
+        description="vLLM's extension: exactly one of json (a schema), json_object, regex, choice (a list of "
+        "strings) or grammar (Lark, or GBNF); the answer matches it.",
+    )
+    guided_json: dict[str, Any] | Text | None = Field(
+        None, description="vLLM's older name for structured_outputs.json."
+    )
+    guided_regex: Text | None = Field(None, description="vLLM's older name for structured_outputs.regex.")
+    guided_choice: list[Text] | None = Field(None, description="vLLM's older name for structured_outputs.choice.")
+    guided_grammar: Text | None = Field(None, description="vLLM's older name for structured_outputs.grammar.")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description='Chat only: functions the model may call ({"type": "function", "function": {...}}).'
+    )
+    tool_choice: Any = Field(
+        None, description='"none", "auto" (the default with tools), "required", or {"type": "function", ...}.'
+    )
 
 
 class CompletionRequest(SamplingFields):
@@ -83,10 +104,34 @@ class TextContentPart(_Strict):
     text: Text
 
 
+class ToolCallFunction(_Strict):
+    name: Text
+    arguments: Text = Field(description="The arguments as a JSON object's text.")
+
+
+class ToolCallItem(_Strict):
+    id: Text
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: Text | list[TextContentPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Text | list[TextContentPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallItem] | None = Field(None, description="An assistant message's calls.")
+    tool_call_id: Text | None = Field(None, description="A tool message: the call it answers.")
+    refusal: Text | None = Field(None, description="Accepted on assistant messages, not rendered.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChatMessage":
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id (the id of the call it answers)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.refusal)):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -95,6 +140,113 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20, description="With logprobs: this many alternatives each.")
     modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
     audio: Any = Field(None, description="Not supported: a value is a 400.")
+
+
+# ---- the Responses API (POST /v1/responses, tuneloop/api/responses.py): stateless --------------
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class ResponseTextPart(_Strict):
+    """A message's text part: input_text, or output_text (an earlier answer sent back)."""
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+    annotations: list[Any] | None = Field(None, description="Accepted on output_text, not read.")
+    logprobs: list[Any] | None = Field(None, description="Accepted on output_text, not read.")
+
+
+class ResponseMessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Text | list[ResponseTextPart]
+    id: Text | None = None
+    status: ItemStatus | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class ResponseFunctionCallItem(_Strict):
+    """A call the model made (an earlier answer's function_call item, sent back)."""
+
+    type: Literal["function_call"]
+    call_id: Text
+    name: Text
+    arguments: Text = Field(description="A JSON object's text.")
+    id: Text | None = None
+    status: ItemStatus | None = None
+    namespace: Text | None = None
+    caller: dict[str, Any] | None = None
+
+
+class ResponseFunctionCallOutputItem(_Strict):
+    """The result of a call, for the model to read."""
+
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Text | list[ResponseTextPart]
+    id: Text | None = None
+    status: ItemStatus | None = None
+
+
+class ResponseStreamOptions(_Strict):
+    include_obfuscation: bool | None = Field(None, description="Accepted, not used: events are not padded.")
+
+
+class ResponseTextConfig(_Strict):
+    format: dict[str, Any] | None = Field(
+        None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name", "schema", '
+        '"strict"}: the answer is valid JSON (matching the schema), by constrained decoding.',
+    )
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description='Only "medium" (the default).')
+
+
+class ResponsesRequest(_Strict):
+    """POST /v1/responses, stateless: everything the model reads comes with the request."""
+
+    model: Text
+    input: Text | list[dict[str, Any]] = Field(
+        description="A string (the user's message), or a list of items: messages (role user, system, developer "
+        "or assistant; content a string or input_text/output_text parts), function_call and "
+        "function_call_output items."
+    )
+    instructions: Text | None = Field(None, description="A system message before the input.")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description='Function tools: {"type": "function", "name", "description", "parameters", "strict"}.'
+    )
+    tool_choice: Any = Field(
+        None, description='"none", "auto" (the default), "required", or {"type": "function", "name"}.'
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="Whether one answer may call several tools (default true)."
+    )
+    text: ResponseTextConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1, description="Default: until a stop token or the context window.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool | None = False
+    stream_options: ResponseStreamOptions | None = None
+    include: list[Text] | None = Field(
+        None, description='"message.output_text.logprobs" (with top_logprobs); "reasoning.encrypted_content": no-op.'
+    )
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="With include message.output_text.logprobs.")
+    metadata: dict[str, Text] | None = Field(None, description="Echoed in the response, not used.")
+    # Accepted and not used: they change no answer.
+    user: Text | None = Field(None, description="Accepted, not used.")
+    safety_identifier: Text | None = Field(None, description="Accepted, not used.")
+    prompt_cache_key: Text | None = Field(None, description="Accepted, not used.")
+    prompt_cache_retention: Text | None = Field(None, description="Accepted, not used.")
+    service_tier: Text | None = Field(None, description="Accepted, not used.")
+    max_tool_calls: int | None = Field(None, ge=1, description="Accepted, not used: there are no built-in tools.")
+    truncation: Literal["auto", "disabled"] | None = Field(None, description='Only "disabled" (the default).')
+    # OpenAI's stateful and other features: this server refuses them (a 400 naming each).
+    store: bool | None = Field(None, description="Only false or left out: nothing is stored.")
+    previous_response_id: Text | None = Field(None, description="Not supported (nothing is stored).")
+    conversation: Any = Field(None, description="Not supported (nothing is stored).")
+    background: bool | None = Field(None, description="Only false.")
+    reasoning: dict[str, Any] | None = Field(None, description="Not supported: not a reasoning model.")
+    prompt: Any = Field(None, description="Not supported (stored prompt templates).")
+    context_management: Any = Field(None, description="Not supported.")
 
 
 class ModerationRequest(_Strict):
@@ -161,12 +313,25 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class FeedbackPreference(_Strict):
+    """Two answers to a logged request's prompt, one preferred: a preference pair for DPO."""
+
+    chosen: Text = Field(min_length=1, max_length=100_000, description="The preferred completion.")
+    rejected: Text = Field(min_length=1, max_length=100_000, description="The non-preferred completion.")
+
+    @model_validator(mode="after")
+    def _two_answers(self) -> "FeedbackPreference":
+        if self.chosen == self.rejected:
+            raise ValueError("chosen and rejected are the same text: nothing to prefer")
+        return self
+
+
 class FeedbackRequest(_Strict):
     """tuneloop's own route (OpenAI has none): what a client says about a logged request."""
 
     request_id: str = Field(
-        pattern=r"^(req_|chatcmpl-|cmpl-)[0-9a-f]{32}$",
-        description="The request's x-request-id header (req_...) or its response id (chatcmpl-... / cmpl-...).",
+        pattern=r"^(req_|chatcmpl-|cmpl-|resp_)[0-9a-f]{32}$",
+        description="The request's x-request-id header (req_...) or its response id (chatcmpl-, cmpl-, resp_...).",
     )
     rating: int | None = Field(None, ge=-1, le=1, description="-1 bad, 0 neutral, 1 good.")
     correction: Text | None = Field(
@@ -177,11 +342,16 @@ class FeedbackRequest(_Strict):
         "training example (validated before any training uses it).",
     )
     comment: Text | None = Field(None, max_length=4000)
+    preference: FeedbackPreference | None = Field(
+        None,
+        description="A preferred and a non-preferred completion for the request's prompt: a candidate "
+        "preference pair for DPO (validated before any training uses it).",
+    )
 
     @model_validator(mode="after")
     def _something(self) -> "FeedbackRequest":
-        if self.rating is None and self.correction is None:
-            raise ValueError("give a rating, a correction, or both")
+        if self.rating is None and self.correction is None and self.preference is None:
+            raise ValueError("give a rating, a correction, a preference, or several")
         return self
 
 
@@ -206,7 +376,7 @@ class ModerationResponse(BaseModel):
 
 
 class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # no prompt cache: always 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache did not prefill (slots, vllm; others: 0)
 
 
 class CompletionTokensDetails(BaseModel):
@@ -223,7 +393,7 @@ class Usage(BaseModel):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
-FinishReason = Literal["stop", "length", "content_filter"]
+FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
 
 
 class ContentFilterResults(BaseModel):
@@ -274,10 +444,22 @@ class Completion(BaseModel):
     usage: Usage
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # always a complete JSON object's text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the message only calls tools
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -298,6 +480,36 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """POST /v1/responses' answer (OpenAI's Response; its stream: the Responses events)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["completed", "incomplete"]
+    error: None = None
+    incomplete_details: dict[str, str] | None
+    instructions: str | None
+    model: str
+    output: list[dict[str, Any]] = Field(description="message and function_call items")
+    parallel_tool_calls: bool
+    tool_choice: Any
+    tools: list[dict[str, Any]]
+    temperature: float | None
+    top_p: float | None
+    metadata: dict[str, str]
+    usage: ResponseUsage | None = None
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -309,6 +521,34 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class FileObject(BaseModel):
+    """OpenAI's File object (/v1/files)."""
+
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["processed"] = "processed"  # every kept file passed the data contract
+    expires_at: int | None = None  # files here do not expire
+    status_details: str | None = None
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
 
 
 class ErrorDetail(BaseModel):
@@ -330,6 +570,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     504: {"model": ErrorResponse, "description": "Generation did not finish within the request timeout"},
     # Also keeps FastAPI from documenting its own 422, which this API never answers.
     "default": {"model": ErrorResponse, "description": "Any other error, in the same shape"},
+}
+RESPONSES_SSE_DOC = {
+    "text/event-stream": {
+        "schema": {
+            "type": "string",
+            "description": "with stream=true: `event: <type>` / `data: <event>` pairs, from response.created to "
+            "response.completed (or response.incomplete, or an error event)",
+        }
+    }
 }
 SSE_DOC = {
     "text/event-stream": {

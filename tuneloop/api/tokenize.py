@@ -10,7 +10,8 @@ import asyncio
 from fastapi import Request
 
 from tuneloop.api.handlers import call_of
-from tuneloop.api.prepare import check_model, tokenize_chat
+from tuneloop.api.models import resolve_model
+from tuneloop.api.prepare import tokenize_chat
 from tuneloop.api.protocol import DetokenizeRequest, TokenizeRequest
 from tuneloop.api.server import OpenAIServer
 from tuneloop.serving.errors import InvalidRequest
@@ -26,9 +27,9 @@ def _prompt_ids(server: OpenAIServer, body: TokenizeRequest) -> list[int]:
 
 
 async def create_tokenize(server: OpenAIServer, body: TokenizeRequest, request: Request) -> dict:
-    if body.model is not None:
-        check_model(server, body.model)
     call = call_of(request)
+    if body.model is not None:  # a fine-tune reads text with its base's tokenizer
+        await resolve_model(server, body.model, request, call.tenant)
     call.model, call.model_version = server.served.name, server.served.version
     bound = server.context_length * server.loaded.max_token_chars
     size = len(body.prompt or "") + sum(len(str(m.content)) for m in body.messages or [])
@@ -43,7 +44,7 @@ async def create_tokenize(server: OpenAIServer, body: TokenizeRequest, request: 
 
 async def create_detokenize(server: OpenAIServer, body: DetokenizeRequest, request: Request) -> dict:
     if body.model is not None:
-        check_model(server, body.model)
+        await resolve_model(server, body.model, request, call_of(request).tenant)
     vocab = server.loaded.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:

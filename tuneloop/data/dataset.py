@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuneloop.config import TuneloopConfig
-from tuneloop.data.formats import DataError, load_file
+from tuneloop.data.formats import PREFERENCE_FORMATS, DataError, load_file
 from tuneloop.data.policies import TokenBudget, apply_length_policy, apply_pii_policy, presidio_redactor
 from tuneloop.data.schema import Example, Reject
 
@@ -47,6 +47,11 @@ class PreparedDataset:
     dir: Path
     manifest: dict[str, Any] = field(default_factory=dict)
     changed: list[Reject] = field(default_factory=list)  # kept rows a policy truncated or redacted
+
+    @property
+    def preference(self) -> bool:
+        """Preference pairs (OpenAI's DPO format: training.objective dpo), not supervised rows."""
+        return any(e.is_preference for e in self.train)
 
     @property
     def train_path(self) -> Path:
@@ -275,6 +280,9 @@ def prepare_dataset(cfg: TuneloopConfig, train_path: Path | str | None = None,
     # a model trained on one and evaluated on the other would be measured on the wrong thing.
     if "legacy" in formats and len(formats) > 1:
         raise DataError(f"cannot mix legacy prompt/completion rows with conversations: formats {formats}")
+    # Preference pairs and supervised rows train different objectives (dpo, sft).
+    if any(f in PREFERENCE_FORMATS for f in formats) and len(formats) > 1:
+        raise DataError(f"cannot mix preference pairs (OpenAI's DPO format) with supervised rows: formats {formats}")
 
     make_redactor = functools.cache(lambda: presidio_redactor(cfg))  # built on the first row to redact
     examples, touched = _apply_policies(cfg, examples, budget, make_redactor)

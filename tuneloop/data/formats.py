@@ -2,10 +2,20 @@
 
 Formats (see tuneloop/data/schema.py for the normalised shape):
 
-  chat    OpenAI chat fine-tuning JSONL   {"messages": [{"role", "content"}, ...]}
+  chat    OpenAI chat fine-tuning JSONL   {"messages": [{"role", "content"}, ...], "tools"?: [...]}
   legacy  OpenAI legacy JSONL             {"prompt": ..., "completion": ...}
   alpaca  Alpaca, a JSON array file or JSONL of {"instruction", "input", "output"}
   dolly   Dolly JSONL                     {"instruction", "context", "response", "category"?}
+  dpo     OpenAI DPO (preference) JSONL   {"input": {"messages", "tools"?, "parallel_tool_calls"?},
+                                           "preferred_output": [assistant message],
+                                           "non_preferred_output": [assistant message]}
+
+The first four are supervised rows (a completion to learn); dpo rows are preference pairs (a
+prompt, the preferred answer and the non-preferred one: Example.rejected), what preference
+tuning (training.objective dpo) trains on. A file holds one kind: one that mixes preference
+rows with supervised ones is refused whole (DataError naming a row of each), since either
+kind's rows would be rejects to the other. A dpo row is refused when an output is missing,
+is not one assistant message, is empty, or is the same answer as the other.
 
 Every row either becomes an Example or a Reject that names file, line and reason; nothing
 is dropped without a trace (blank lines are not rows: they are skipped). Problems with the
@@ -16,6 +26,15 @@ in a JSON array a row is a record, not a line (a minified array puts every recor
 example_id is "<file name> record <n>" with n the record's 1-based position in the array,
 a Reject and messages say "record <n>" too, and source_line is still the line where the
 record starts, so an editor can jump to it.
+
+Chat rows may carry tools as OpenAI's fine-tuning format has them: function definitions in
+"tools", assistant messages with "tool_calls" (content null when they only call), and
+"tool" messages answering a call by "tool_call_id". The contract checks that each call is
+well formed (an id, a function name among the row's tools when it lists any, arguments that
+are a JSON object's text) and that each tool message answers a call made earlier in the
+conversation; the legacy "functions" / "function_call" form is refused with a pointer to
+the new one. A final assistant turn that calls tools is learnt as the model writes calls
+(tuneloop/chat_format.py: <tool_call> blocks); that text is the Example's completion.
 """
 
 from __future__ import annotations
@@ -26,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from tuneloop.data.schema import ROLES, Example, Reject
+from tuneloop.data.schema import CHAT_ROLES, Example, Reject, message_text
 
-FORMATS = ("chat", "legacy", "alpaca", "dolly")
+FORMATS = ("chat", "legacy", "alpaca", "dolly", "dpo")
 
 # The keys that identify each format, as told to the user when detection fails.
 FORMAT_KEYS = {
@@ -36,7 +55,9 @@ FORMAT_KEYS = {
     "legacy": "prompt, completion",
     "alpaca": "instruction, input, output",
     "dolly": "instruction, context, response",
+    "dpo": "input, preferred_output, non_preferred_output",
 }
+PREFERENCE_FORMATS = ("dpo",)  # rows that are pairs (chosen, rejected), not one completion
 
 # OpenAI's legacy format ends completions with this literal text; it marks the end of the
 # example and must never be learnt as words.
@@ -204,7 +225,26 @@ def _formats_of(keys: set[str]) -> list[str]:
         found.append("alpaca")
     if "instruction" in keys and "response" in keys:
         found.append("dolly")
+    if "preferred_output" in keys or "non_preferred_output" in keys:
+        found.append("dpo")
     return found
+
+
+def _check_one_kind(path: Path, records: list[_Record]) -> None:
+    """A file of preference rows and supervised rows together is refused whole."""
+    first: dict[bool, _Record] = {}  # is a preference row -> the first row of that kind
+    for r in records:
+        if isinstance(r.value, dict):
+            fmts = _formats_of(set(r.value))
+            if len(fmts) == 1:  # a row that fits two formats is detect_format's to refuse
+                first.setdefault(fmts[0] in PREFERENCE_FORMATS, r)
+        if len(first) == 2:
+            pref, sup = first[True], first[False]
+            sup_fmt = _formats_of(set(sup.value))[0]
+            raise DataError(
+                f"{path}: mixes preference rows (OpenAI's DPO format, first at {pref.where}) with supervised "
+                f"rows ({sup_fmt}, first at {sup.where}); a file must be all one kind: put them in two files"
+            )
 
 
 def detect_format(path: Path, records: list[_Record]) -> str:
@@ -255,6 +295,124 @@ def _rest(record: dict, known: set[str]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in known}
 
 
+def _tools(record: dict) -> list[dict[str, Any]] | None:
+    """The row's `tools` (OpenAI's function definitions), checked; None when the row has none."""
+    if "functions" in record or "function_call" in record:
+        raise RowError("the legacy 'functions' / 'function_call' fields are not supported: "
+                       "list the functions under 'tools' and write the calls as 'tool_calls'")
+    if "parallel_tool_calls" in record and not isinstance(record["parallel_tool_calls"], bool):
+        raise RowError(f"field 'parallel_tool_calls' must be a boolean, got {_json_type(record['parallel_tool_calls'])}")
+    if record.get("tools") is None:
+        return None
+    tools = record["tools"]
+    if not isinstance(tools, list):
+        raise RowError(f"field 'tools' must be an array, got {_json_type(tools)}")
+    names: set[str] = set()
+    for i, tool in enumerate(tools):
+        prefix = f"tools[{i}]: "
+        if not isinstance(tool, dict):
+            raise RowError(f"{prefix}expected an object, got {_json_type(tool)}")
+        if tool.get("type", "function") != "function":
+            raise RowError(f"{prefix}unknown tool type {tool['type']!r} (expected 'function')")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise RowError(f"{prefix}field 'function' must be an object, got {_json_type(fn)}")
+        name = _get_text(fn, "name", prefix=prefix + "function: ")
+        if name in names:
+            raise RowError(f"{prefix}function '{name}' is defined twice")
+        names.add(name)
+        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+            raise RowError(f"{prefix}function '{name}': field 'parameters' must be an object (a JSON schema), "
+                           f"got {_json_type(fn['parameters'])}")
+    return tools or None
+
+
+def _tool_calls(m: dict, prefix: str, tool_names: set[str] | None, call_ids: set[str]) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls`, checked and normalised to OpenAI's shape; each id is
+    added to call_ids (the calls a later tool message may answer)."""
+    calls = m["tool_calls"]
+    if not isinstance(calls, list):
+        raise RowError(f"{prefix}field 'tool_calls' must be an array, got {_json_type(calls)}")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{prefix}tool_calls[{j}]: "
+        if not isinstance(call, dict):
+            raise RowError(f"{at}expected an object, got {_json_type(call)}")
+        call_id = _get_text(call, "id", prefix=at)
+        if call_id in call_ids:
+            raise RowError(f"{at}call id '{call_id}' is used twice in the conversation")
+        if call.get("type", "function") != "function":
+            raise RowError(f"{at}unknown call type {call['type']!r} (expected 'function')")
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise RowError(f"{at}field 'function' must be an object, got {_json_type(fn)}")
+        name = _get_text(fn, "name", prefix=at + "function: ")
+        if tool_names is not None and name not in tool_names:
+            raise RowError(f"{at}calls '{name}', which is not among the row's tools ({', '.join(sorted(tool_names))})")
+        arguments = _get_text(fn, "arguments", prefix=at + "function: ")
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise RowError(f"{at}function '{name}': 'arguments' is not valid JSON: {exc.msg} "
+                           f"(column {exc.colno})") from None
+        if not isinstance(parsed, dict):
+            raise RowError(f"{at}function '{name}': 'arguments' must be a JSON object, got {_json_type(parsed)}")
+        call_ids.add(call_id)
+        out.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
+
+
+# Per-message fields that are part of the conversation (kept in the message); any other
+# (OpenAI's "weight" on assistant turns, ...) is kept in extra["message_fields"], not used.
+_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id"}
+
+
+def _chat_messages(
+    raw_messages: list, tool_names: set[str] | None, call_ids: set[str], answered: set[str], where: str = "messages"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(messages, each message's other fields) of a conversation, checked; `where` names the
+    array in the reasons. call_ids and answered carry the calls made and answered so far."""
+    messages, message_fields = [], []
+    for i, m in enumerate(raw_messages):
+        prefix = f"{where}[{i}]: "
+        if not isinstance(m, dict):
+            raise RowError(f"{prefix}expected an object, got {_json_type(m)}")
+        role = _get_text(m, "role", prefix=prefix)
+        if "function_call" in m or role == "function":
+            raise RowError(f"{prefix}the legacy 'function_call' / 'function' role form is not supported: "
+                           "write the call as 'tool_calls' and its result as a 'tool' message")
+        if role not in CHAT_ROLES:
+            raise RowError(f"{prefix}unknown role '{role}' (expected system, user, assistant or tool)")
+        has_calls = m.get("tool_calls") not in (None, [])  # null or [] is no call (as clients send it)
+        if has_calls and role != "assistant":
+            raise RowError(f"{prefix}only an assistant message may carry 'tool_calls', not a '{role}' message")
+        tool_fields: dict[str, Any] = {}
+        if has_calls:
+            # An assistant message that only calls tools has no text: null (or no) content.
+            content = None if m.get("content") is None else _get_text(m, "content", required=False, prefix=prefix)
+            tool_fields["tool_calls"] = _tool_calls(m, prefix, tool_names, call_ids)
+        elif role == "tool":
+            if m.get("tool_call_id") is None:
+                raise RowError(f"{prefix}a tool message needs 'tool_call_id': the id of the call it answers")
+            call_id = _get_text(m, "tool_call_id", prefix=prefix)
+            if call_id not in call_ids:
+                raise RowError(f"{prefix}the tool message answers call id '{call_id}', "
+                               "which no earlier assistant message made")
+            if call_id in answered:
+                raise RowError(f"{prefix}call id '{call_id}' is answered twice")
+            answered.add(call_id)
+            if m.get("content") is None:
+                raise RowError(f"{prefix}missing field 'content' (the tool's result)")
+            content = _get_text(m, "content", required=False, prefix=prefix)  # a result may be ""
+            tool_fields["tool_call_id"] = call_id
+        else:
+            content = _get_text(m, "content", prefix=prefix)
+        message = {"role": role, "content": content, **tool_fields}
+        messages.append(message)
+        message_fields.append(_rest(m, _MESSAGE_KEYS))
+    return messages, message_fields
+
+
 def _chat(record: dict) -> dict[str, Any]:
     if "messages" not in record:
         raise RowError("missing field 'messages'")
@@ -263,26 +421,79 @@ def _chat(record: dict) -> dict[str, Any]:
         raise RowError(f"field 'messages' must be an array, got {_json_type(raw_messages)}")
     if not raw_messages:
         raise RowError("field 'messages' is empty")
-    messages, message_fields = [], []
-    for i, m in enumerate(raw_messages):
-        prefix = f"messages[{i}]: "
-        if not isinstance(m, dict):
-            raise RowError(f"{prefix}expected an object, got {_json_type(m)}")
-        role = _get_text(m, "role", prefix=prefix)
-        if role not in ROLES:
-            raise RowError(f"{prefix}unknown role '{role}' (expected system, user or assistant)")
-        content = _get_text(m, "content", prefix=prefix)
-        messages.append({"role": role, "content": content})
-        # OpenAI's per-message extras (e.g. "weight" on assistant turns) are kept, not used.
-        message_fields.append(_rest(m, {"role", "content"}))
+    tools = _tools(record)
+    tool_names = {t["function"]["name"] for t in tools} if tools else None
+    messages, message_fields = _chat_messages(raw_messages, tool_names, set(), set())
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError("no assistant message: nothing to learn")
     if messages[-1]["role"] != "assistant":
         raise RowError(f"last message must be from the assistant, got '{messages[-1]['role']}'")
-    extra = _rest(record, {"messages"})
+    extra = _rest(record, {"messages", "tools"})
     if any(message_fields):
         extra["message_fields"] = message_fields
-    return {"messages": messages, "completion": messages[-1]["content"], "extra": extra}
+    out: dict[str, Any] = {"messages": messages, "completion": message_text(messages[-1]), "extra": extra}
+    if tools:
+        out["tools"] = tools
+    return out
+
+
+PREFERRED, NON_PREFERRED = "preferred_output", "non_preferred_output"
+
+
+def _dpo(record: dict) -> dict[str, Any]:
+    """OpenAI's DPO row: the prompt conversation in input.messages (and its tools), and one
+    assistant message each in preferred_output and non_preferred_output."""
+    if "input" not in record:
+        raise RowError("missing field 'input' (the prompt: {\"messages\": [...]})")
+    inp = record["input"]
+    if not isinstance(inp, dict):
+        raise RowError(f"field 'input' must be an object, got {_json_type(inp)}")
+    if "messages" not in inp:
+        raise RowError("input: missing field 'messages'")
+    raw_messages = inp["messages"]
+    if not isinstance(raw_messages, list):
+        raise RowError(f"input: field 'messages' must be an array, got {_json_type(raw_messages)}")
+    if not raw_messages:
+        raise RowError("input: field 'messages' is empty")
+    try:
+        tools = _tools(inp)
+    except RowError as exc:
+        raise RowError(f"input: {exc}") from None
+    tool_names = {t["function"]["name"] for t in tools} if tools else None
+    call_ids: set[str] = set()
+    answered: set[str] = set()
+    prompt, prompt_fields = _chat_messages(raw_messages, tool_names, call_ids, answered, where="input.messages")
+    if prompt[-1]["role"] not in ("user", "tool"):
+        raise RowError(f"input.messages: the last message must be a user or tool message (the outputs answer it), "
+                       f"got '{prompt[-1]['role']}'")
+    answers: dict[str, dict[str, Any]] = {}
+    answer_fields: dict[str, dict[str, Any]] = {}
+    for key in (PREFERRED, NON_PREFERRED):
+        if key not in record:
+            raise RowError(f"missing field '{key}' (a list of one assistant message)")
+        output = record[key]
+        if not isinstance(output, list):
+            raise RowError(f"field '{key}' must be an array of one assistant message, got {_json_type(output)}")
+        if len(output) != 1:
+            raise RowError(f"field '{key}' must hold exactly one assistant message, got {len(output)}")
+        if isinstance(output[0], dict) and output[0].get("role") != "assistant":
+            raise RowError(f"{key}[0]: must be an assistant message, got role {output[0].get('role')!r}")
+        # Each answer continues the same prompt: the calls it makes are its own.
+        (answer,), (fields,) = _chat_messages(output, tool_names, set(call_ids), set(answered), where=key)
+        answers[key], answer_fields[key] = answer, fields
+    chosen, rejected = answers[PREFERRED], answers[NON_PREFERRED]
+    if chosen == rejected:
+        raise RowError(f"{PREFERRED} and {NON_PREFERRED} are the same answer: nothing to prefer")
+    extra = {**_rest(inp, {"messages", "tools"}), **_rest(record, {"input", PREFERRED, NON_PREFERRED})}
+    if any(prompt_fields) or any(answer_fields.values()):
+        extra["message_fields"] = [*prompt_fields, answer_fields[PREFERRED]]
+        if answer_fields[NON_PREFERRED]:
+            extra["rejected_fields"] = answer_fields[NON_PREFERRED]
+    out: dict[str, Any] = {"messages": [*prompt, chosen], "completion": message_text(chosen), "rejected": rejected,
+                           "extra": extra}
+    if tools:
+        out["tools"] = tools
+    return out
 
 
 def _legacy(record: dict) -> dict[str, Any]:
@@ -320,8 +531,20 @@ def _dolly(record: dict) -> dict[str, Any]:
 
 
 NORMALISERS: dict[str, Callable[[dict], dict[str, Any]]] = {
-    "chat": _chat, "legacy": _legacy, "alpaca": _alpaca, "dolly": _dolly,
+    "chat": _chat, "legacy": _legacy, "alpaca": _alpaca, "dolly": _dolly, "dpo": _dpo,
 }
+
+
+def row_problem(record: Any, format: str) -> str | None:
+    """Why one row (as parsed from JSON) does not meet the data contract of `format`, or None:
+    for rows made by code (feedback exports) before they are written."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {_json_type(record)}"
+    try:
+        NORMALISERS[format](record)
+    except RowError as exc:
+        return str(exc)
+    return None
 
 
 # ---------------------------------------------------------------------- entry point
@@ -339,6 +562,7 @@ def load_file(path: Path | str, format: str = "auto") -> LoadResult:
     records = _read_records(path, text)
     if not records:
         raise DataError(f"{path}: no rows (an empty JSON array)")
+    _check_one_kind(path, records)
     fmt = detect_format(path, records) if format == "auto" else format
     normalise = NORMALISERS[fmt]
     result = LoadResult(format=fmt)

@@ -10,6 +10,7 @@ configured fraction of the rows was touched (tuneloop/validation.py).
 
   validation.overlong: drop | truncate | fail   rows over the token limit (TokenBudget)
   validation.pii:      drop | redact | fail     completions with personal data or secrets
+                                                (a preference row's rejected answer too)
 
 `fail` does nothing here: the rows stay, and the gate fails on any of them. Personal data is
 what the gate's find_pii / find_secrets find in the completion, the text the model learns to
@@ -21,10 +22,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 from tuneloop.config import TuneloopConfig, ValidationConfig
-from tuneloop.data.schema import Example, Reject
+from tuneloop.data.schema import Example, Reject, message_text
 from tuneloop.privacy.personal import find_pii, is_fictional_phone, is_reserved_email
 from tuneloop.privacy.redactor import PiiRedactor
 from tuneloop.privacy.secrets import find_secrets
@@ -117,6 +118,8 @@ def _truncate_chat(ex: Example, budget: TokenBudget) -> Example | None:
         def with_content(content: str) -> list[dict[str, str]]:
             return p[:i] + [{**p[i], "content": content}] + p[i + 1:]
 
+        if not isinstance(p[i].get("content"), str) or p[i].get("tool_calls"):
+            return None  # a turn that calls tools goes whole or not at all
         if not fits(with_content("")):
             return None
         cut = _cut_left(p[i]["content"], lambda c: fits(with_content(c)))
@@ -131,8 +134,11 @@ def _truncate_chat(ex: Example, budget: TokenBudget) -> Example | None:
             return None if cut is None else replace(ex, messages=cut + [final])
         without = prompt[:i] + prompt[i + 1:]
         j = earliest(without)
-        if without[j]["role"] == "assistant" and turns(without) > 1:
-            without = without[:j] + without[j + 1:]  # the conversation still opens with the user
+        # The conversation still opens with the user: an assistant turn left first goes too,
+        # and so do the tool results that answered its calls.
+        while without[j]["role"] in ("assistant", "tool") and turns(without) > 1:
+            without = without[:j] + without[j + 1:]
+            j = earliest(without)
         if fits(without):  # message i need not go whole: keep as much of its end as fits
             cut = trimmed(prompt, i)
             return replace(ex, messages=(cut if cut is not None else without) + [final])
@@ -189,12 +195,64 @@ def completion_findings(text: str, cfg: ValidationConfig) -> list[str]:
     return (find_secrets(text) if cfg.check_secrets else []) + (find_pii(text) if cfg.check_pii else [])
 
 
-def _with_completion(ex: Example, completion: str) -> Example:
+def _redact_values(value: Any, redact: Callable[[str], str]) -> Any:
+    """A JSON value with each string in it redacted (object keys are names, not data)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redact_values(v, redact) for v in value]
+    if isinstance(value, dict):
+        return {k: _redact_values(v, redact) for k, v in value.items()}
+    return value
+
+
+def _redacted_calls(calls: list[dict[str, Any]], redact: Callable[[str], str]) -> list[dict[str, Any]]:
+    """Tool calls with each argument value redacted (the arguments stay a JSON object)."""
+    out = []
+    for call in calls:
+        args = json.loads(call["function"]["arguments"])
+        redacted = _redact_values(args, redact)
+        text = call["function"]["arguments"] if redacted == args else json.dumps(redacted, ensure_ascii=False)
+        out.append({**call, "function": {**call["function"], "arguments": text}})
+    return out
+
+
+def _redacted_completion(ex: Example, redact: Callable[[str], str]) -> Example:
     if ex.messages is None:
-        return replace(ex, completion=completion)
-    messages = [dict(m) for m in ex.messages]
-    messages[-1]["content"] = completion
-    return replace(ex, completion=completion, messages=messages)
+        return replace(ex, completion=redact(ex.completion))
+    last = dict(ex.messages[-1])
+    if not last.get("tool_calls"):
+        completion = redact(ex.completion)
+        last["content"] = completion
+        return replace(ex, completion=completion, messages=ex.messages[:-1] + [last])
+    if isinstance(last.get("content"), str):
+        last["content"] = redact(last["content"])
+    last["tool_calls"] = _redacted_calls(last["tool_calls"], redact)
+    return replace(ex, completion=message_text(last), messages=ex.messages[:-1] + [last])
+
+
+def _redacted(ex: Example, redact: Callable[[str], str]) -> Example:
+    """ex with its completion redacted; a final turn that calls tools has its text and each
+    call's argument values redacted (the arguments stay a JSON object), and its completion
+    is the calls' text again. A preference row's rejected answer is redacted the same way."""
+    out = _redacted_completion(ex, redact)
+    if ex.rejected is not None:
+        rejected = dict(ex.rejected)
+        if isinstance(rejected.get("content"), str):
+            rejected["content"] = redact(rejected["content"])
+        if rejected.get("tool_calls"):
+            rejected["tool_calls"] = _redacted_calls(rejected["tool_calls"], redact)
+        out = replace(out, rejected=rejected)
+    return out
+
+
+def _findings(ex: Example, cfg: ValidationConfig) -> list[str]:
+    """What the gate flags in the text the model learns from: the completion, and a
+    preference row's rejected answer too (the model reads it in training)."""
+    kinds = completion_findings(ex.completion, cfg)
+    if ex.rejected is not None:
+        kinds += [k for k in completion_findings(ex.rejected_text, cfg) if k not in kinds]
+    return kinds
 
 
 def apply_pii_policy(examples: list[Example], cfg: ValidationConfig,
@@ -212,17 +270,17 @@ def apply_pii_policy(examples: list[Example], cfg: ValidationConfig,
     kept: list[Example] = []
     touched: list[Reject] = []
     for ex in examples:
-        kinds = completion_findings(ex.completion, cfg)
+        kinds = _findings(ex, cfg)
         if not kinds:
             kept.append(ex)
             continue
         reason = f"completion holds {', '.join(kinds)}"
         if cfg.pii == "redact":
             redact = redact or make_redactor()
-            redacted = redact(ex.completion)
-            left = completion_findings(redacted, cfg)
+            redacted = _redacted(ex, redact)
+            left = _findings(redacted, cfg)
             if not left:
-                kept.append(_with_completion(ex, redacted))
+                kept.append(redacted)
                 touched.append(_touched(ex, PII, "redacted", reason, ""))
                 continue
             reason += f"; still there after redaction: {', '.join(left)}"

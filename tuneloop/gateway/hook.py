@@ -234,6 +234,9 @@ class RequestGate(CallHook):
     def share(self, max_concurrency: int):
         return self.gateway.share_for(self.key, max_concurrency)
 
+    def tier(self) -> str | None:
+        return self.key.tier if self.key is not None else None
+
     async def reserve(self, call, tokens: int) -> None:
         """Take prompt + max_tokens from the key's tokens/min before generating, with the
         request's deferred unit if it is still owed (429 if over)."""
@@ -359,7 +362,7 @@ class _CountingRedactor:
 
 
 # Routes whose request unit is taken with their token reservation (one limiter call a request).
-DEFERRED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+DEFERRED_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def _header(scope, name: bytes) -> str | None:

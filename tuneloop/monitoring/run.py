@@ -18,7 +18,7 @@ from tuneloop.monitoring.reference import load_reference
 from tuneloop.monitoring.slo import GENERATION_ROUTES, service_health
 from tuneloop.monitoring.texts import record_text
 from tuneloop.registry import ModelRegistry
-from tuneloop.requestlog.feedback import export_feedback_dataset
+from tuneloop.requestlog.feedback import export_feedback_dataset, export_preference_dataset
 from tuneloop.requestlog.store import parse_since, read_records
 
 RETRAIN_EVENT = "tuneloop.retrain.requested"
@@ -48,7 +48,8 @@ def retrain_dataset(cfg, folder: Path, since: datetime | None) -> dict:
     """The data a triggered retrain uses, in folder/data: the base training set plus the
     candidate rows from feedback given since `since` (the champion's registration), side by
     side (prepare_dataset reads a folder's files in name order, each in its own format);
-    their lineage in folder/lineage.json."""
+    their lineage in folder/lineage.json. A base set of preference pairs (OpenAI's DPO format:
+    a retrain with training.objective dpo) takes the feedback's preference pairs instead."""
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
     base = cfg.resolve(cfg.data.train_path)
@@ -56,12 +57,16 @@ def retrain_dataset(cfg, folder: Path, since: datetime | None) -> dict:
     for f in [base] if base.is_file() else sorted(p for p in base.iterdir() if p.is_file()):
         shutil.copyfile(f, data / f"0-base-{f.name}")
         copied.append(str(f))
-        kinds.add("legacy" if load_file(f, cfg.data.format).format == "legacy" else "chat")
-    # Feedback rows join the base set only in its kind (raw prompt/completion or conversations);
-    # the others are counted in the lineage's `rejected`, with the reason.
+        fmt = load_file(f, cfg.data.format).format
+        kinds.add(fmt if fmt in ("legacy", "dpo") else "chat")
+    # Feedback rows join the base set only in its kind (raw prompt/completion, conversations or
+    # preference pairs); the others are counted in the lineage's `rejected`, with the reason.
     kind = kinds.pop() if len(kinds) == 1 else None
     feedback = data / "1-feedback.jsonl"
-    lineage = export_feedback_dataset(cfg, feedback, since, lineage_path=folder / "lineage.json", kind=kind)
+    if kind == "dpo":
+        lineage = export_preference_dataset(cfg, feedback, since, lineage_path=folder / "lineage.json")
+    else:
+        lineage = export_feedback_dataset(cfg, feedback, since, lineage_path=folder / "lineage.json", kind=kind)
     if not lineage["rows"]:
         feedback.unlink()
     out = {

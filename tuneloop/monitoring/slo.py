@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 FILTER_CODES = ("content_filter", "pii_detected")
 # Errors of the service (not of the client): 5xx, a stream that failed midway, a timeout.
 SERVER_ERROR_CODES = ("internal_error", "timeout", "server_error", "overloaded", "unavailable")

@@ -1,11 +1,15 @@
-"""Packaging: the MLflow champion as a built, infra-validated BentoML bento.
+"""Packaging: the MLflow champion as a built, infra-validated BentoML bento, or as one GGUF file.
 
     deploy_champion(cfg)   import -> build -> infra_validate -> mark deployed
+    export_gguf(cfg)       download -> convert (-> quantize) -> agreement -> record (gguf.py)
 
 One module per concern; this package imports none of them (import what you use from its
 module): bento.py (1, 2), server.py (3, and the foreground `tuneloop serve`),
 deployment.py (4, deploy_champion, serve_plan), common.py (the error and the environment
-of the bentoml processes).
+of the bentoml processes), gguf.py (`tuneloop package --target gguf`: the champion, another
+version or an `ft:` model merged into its base, for llama.cpp and Ollama, checked against the
+served model's greedy answers and recorded on the MLflow version; docs/gguf.md), llama_cpp.py
+(llama.cpp's converter, llama-quantize and llama-server from the llama-cpp-python sdist).
 
 1. import_champion: the champion's files (from the MLflow registry) become a model in the
    BentoML model store under cfg.bentoml_home, tagged `<registered name>:v<version>-<run>`,

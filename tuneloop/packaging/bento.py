@@ -18,8 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tuneloop.config import REPO_ROOT, TuneloopConfig
-from tuneloop.packaging.common import PackagingError, bentoml_env, now, say
-from tuneloop.registry import ModelRegistry
+from tuneloop.packaging.common import PackagingError, bentoml_env, now, registry_version, say
 
 BENTOS_DIR = REPO_ROOT / "bentos"
 BENTOFILE = BENTOS_DIR / "bentofile.yaml"
@@ -79,19 +78,6 @@ def _model_store(cfg: TuneloopConfig):
     return ModelStore(str(path))
 
 
-def _version_info(cfg: TuneloopConfig, version: str | int | None):
-    registry = ModelRegistry.from_config(cfg)
-    if version is not None:
-        return registry, registry.version(version)
-    info = registry.champion()
-    if info is None:
-        raise PackagingError(
-            f"model {registry.name!r} has no champion in {cfg.mlflow_tracking_uri}: "
-            "promote a version first (or name one with --version)"
-        )
-    return registry, info
-
-
 def import_champion(
     cfg: TuneloopConfig, version: str | int | None = None, progress: Callable[[str], None] | None = None
 ):
@@ -103,7 +89,7 @@ def import_champion(
     import bentoml
     from bentoml.exceptions import NotFound
 
-    registry, info = _version_info(cfg, version)
+    registry, info = registry_version(cfg, version)
     tag = model_tag_for(info)
     store = _model_store(cfg)
     try:

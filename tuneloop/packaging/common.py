@@ -10,6 +10,7 @@ from typing import Callable
 
 from tuneloop.config import TuneloopConfig
 from tuneloop.gateway.keys import PEPPER_ENV
+from tuneloop.registry import ModelRegistry, ModelVersionInfo, RegistryError
 
 log = logging.getLogger("tuneloop.packaging")
 
@@ -26,6 +27,23 @@ def say(progress: Callable[[str], None] | None, message: str) -> None:
     log.info(message)
     if progress is not None:
         progress(message)
+
+
+def registry_version(cfg: TuneloopConfig, version: str | int | None) -> tuple[ModelRegistry, ModelVersionInfo]:
+    """The registry and the version a packaging step works on: `version`, else the champion."""
+    registry = ModelRegistry.from_config(cfg)
+    if version is not None:
+        try:
+            return registry, registry.version(version)
+        except RegistryError as exc:
+            raise PackagingError(str(exc)) from None
+    info = registry.champion()
+    if info is None:
+        raise PackagingError(
+            f"model {registry.name!r} has no champion in {cfg.mlflow_tracking_uri}: "
+            "promote a version first (or name one with --version)"
+        )
+    return registry, info
 
 
 def deployment_env(cfg: TuneloopConfig) -> dict[str, str]:

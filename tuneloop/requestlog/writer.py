@@ -346,7 +346,7 @@ def _lower_priority(niceness: int) -> None:
         pass
 
 
-_TEXT_FIELDS = {"request": ("prompt", "completions"), "feedback": ("correction", "comment")}
+_TEXT_FIELDS = {"request": ("prompt", "completions"), "feedback": ("correction", "comment", "chosen", "rejected")}
 _REDACTED = {"prompt": "prompt_redacted", "completions": "completion_redacted"}
 
 

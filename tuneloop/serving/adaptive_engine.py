@@ -15,6 +15,7 @@ import threading
 from typing import Callable, Iterable, Sequence
 
 from tuneloop.serving.engine import BatchObserver, GenerationStream, LoadedModel, batched_delivery
+from tuneloop.serving.lora import AdaptersNotServed
 from tuneloop.serving.sampling import RowSampler, row_sampler, sample_rows
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,9 @@ class BatchGenerator:
     stream of the batch has finished.
     """
 
+    supports_adapters = False
+    adapter_refusal = "the adaptive engine serves no LoRA adapters (the slots engine does)"
+
     def __init__(self, loaded: LoadedModel, on_batch: BatchObserver | None = None):
         self.loaded = loaded
         self.on_batch = on_batch
@@ -38,6 +42,12 @@ class BatchGenerator:
             if s.cancelled or s.claimed:
                 continue  # gone before its batch started, or already run by an earlier attempt
             s.claimed = True
+            if s.params.adapter is not None:  # the API checks supports_adapters first; this is the backstop
+                s.finish(
+                    "error",
+                    AdaptersNotServed(f"model {s.params.adapter.name!r} is a LoRA adapter: {self.adapter_refusal}"),
+                )
+                continue
             live.append(s)
         for group in self._fit_context(live):
             with self._lock:
@@ -75,7 +85,7 @@ class BatchGenerator:
             attention_mask = torch.tensor([[0] * (width - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in group])
             input_ids = input_ids.to(self.loaded.model.device)
             attention_mask = attention_mask.to(self.loaded.model.device)
-            rows = [row_sampler(s.params) for s in group]
+            rows = [row_sampler(s.params, self.loaded) for s in group]
             tracker = _RowTracker(group, self.loaded.stop_ids, rows)
             sampling = _RowSampling(rows, on_failure=tracker.fail)
             config = GenerationConfig(

@@ -12,6 +12,7 @@ from typing import Callable
 
 from tuneloop.serving.engine import BatchObserver, GenerationStream, LoadedModel, SamplingParams
 from tuneloop.serving.errors import Unavailable
+from tuneloop.serving.lora import AdaptersNotServed
 from tuneloop.serving.sampling import RowSampler, sample_rows
 
 
@@ -29,6 +30,8 @@ class ContinuousEngine:
     """
 
     engine = "continuous"  # as an API Backend: submit(stream)
+    supports_adapters = False
+    adapter_refusal = "the continuous engine serves no LoRA adapters (the slots engine does)"
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class ContinuousEngine:
 
         self.loaded = loaded
         self._sampler = _new_continuous_sampler(on_batch)
+        self._sampler.loaded = loaded
         generation_config = GenerationConfig(
             do_sample=False,  # greedy argmax; sampling rows are made one-hot by the sampler
             max_new_tokens=16,
@@ -78,6 +82,8 @@ class ContinuousEngine:
         """Start generating for stream (call on its event loop)."""
         if not self.manager.is_running():
             raise Unavailable("the generation engine is not running; the server is not ready", retry_after_s=1)
+        if stream.params.adapter is not None:
+            raise AdaptersNotServed(f"model {stream.params.adapter.name!r} is a LoRA adapter: {self.adapter_refusal}")
         rid = stream.request_id
         stop_ids = self.loaded.stop_ids
         emitted = 0
@@ -153,6 +159,7 @@ class _ContinuousSampler:
 
     def __init__(self, on_batch: BatchObserver | None):
         self.on_batch = on_batch
+        self.loaded = None  # the engine's LoadedModel (constrained rows read its tokenizer)
         self._params: dict[str, RowSampler] = {}
         self._on_failure: dict[str, Callable[[BaseException], None]] = {}
         self._lock = threading.Lock()
@@ -162,7 +169,7 @@ class _ContinuousSampler:
     def register(
         self, request_id: str, params: SamplingParams, on_failure: Callable[[BaseException], None] | None = None
     ) -> RowSampler:
-        sampler = RowSampler(params)
+        sampler = RowSampler(params, self.loaded)
         with self._lock:
             self._params[request_id] = sampler
             if on_failure is not None:
@@ -195,7 +202,11 @@ class _ContinuousSampler:
                 on_failure = self._on_failure.get(self._ids[i])
             if on_failure is not None:
                 on_failure(exc)
-        counting = [i for i, r in enumerate(self._rows) if i not in failures and r is not None and r.counts_tokens]
+        counting = [
+            i
+            for i, r in enumerate(self._rows)
+            if i not in failures and r is not None and (r.counts_tokens or r.params.constraint is not None)
+        ]
         if counting:  # the manager's argmax will pick exactly these (the scores are shaped / one-hot)
             for i, token in zip(counting, scores[counting].argmax(dim=-1).tolist()):
                 self._rows[i].observe(token)

@@ -35,7 +35,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tuneloop.serving.constraints import Constraint, GrammarTokenizer
 from tuneloop.serving.errors import ServingSetupError
+from tuneloop.serving.lora import AdapterRef
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     ignore_eos: bool = False  # vLLM's extension: stop tokens do not end the generation
     logprobs: int | None = None  # per token: its log-probability and this many top alternatives
+    constraint: Constraint | None = None  # structured output: the text must match it (serving/constraints.py)
+    adapter: AdapterRef | None = None  # a LoRA adapter of the served base (serving/lora.py); None: the base
 
     @property
     def greedy(self) -> bool:
@@ -100,6 +104,9 @@ class GenerationStream:
         self._cancelled = threading.Event()
         self._cancel_hooks: list[Callable[[], None]] = []
         self.claimed = False  # an engine has started running it (so a retried submission is a no-op)
+        # Prompt tokens the engine did not prefill: their keys and values were cached (the slots
+        # engine's prefix cache; usage.prompt_tokens_details.cached_tokens). 0 for other engines.
+        self.cached_tokens = 0
         self.num_generated = 0
         self.finish_reason: str | None = None  # stop | length | cancelled | error
         self.error: BaseException | None = None
@@ -125,6 +132,11 @@ class GenerationStream:
         if self._handed_at is None or now - self._handed_at >= self.interval_s:  # the first token: at once
             self._handed_at = now
             self._hand_over()
+
+    def note_cached(self, count: int) -> None:
+        """The engine reused the keys and values of the prompt's first `count` tokens (before its first token)."""
+        if count:
+            self._post(("cached", count))
 
     def _hand_over(self) -> None:
         self._post(("tokens", self._held, self._held_logprobs))
@@ -152,6 +164,9 @@ class GenerationStream:
     def _deliver(self, event: tuple) -> None:
         if self.finish_reason is not None:
             return  # the stream is over (e.g. cancelled); late tokens are dropped
+        if event[0] == "cached":  # a fact for usage, not an event for the reader
+            self.cached_tokens = event[1]
+            return
         now = time.perf_counter()
         if event[0] == "tokens":
             if self.first_token_at is None:
@@ -280,6 +295,11 @@ class LoadedModel:
         if len(text) > LONG_TEXT:
             return backend.encode_batch([text], add_special_tokens=False)[0].ids
         return backend.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """The tokenizer as constrained decoding reads it (built on first use)."""
+        return GrammarTokenizer(self.tokenizer, self.vocab_size, self.stop_ids)
 
     @cached_property
     def max_token_chars(self) -> int:

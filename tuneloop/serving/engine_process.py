@@ -14,12 +14,14 @@ the engine; EngineProcess is its Backend. The child (`python -m
 tuneloop.serving.engine_process`) loads the model and runs a SlotEngine as configured.
 They talk over two pipes (plain-pickled messages, _put / _get):
   server -> engine: ("start", model folder, serving settings) once; then ("submit", request
-                    id, prompt ids, params, interval), ("cancel", id), ("swap", state dict),
+                    id, prompt ids, params (with its LoRA adapter's name and folder: the child
+                    loads it on first use), interval), ("cancel", id), ("swap", state dict),
                     ("stop",)
   engine -> server: ("loaded",) then ("ready", facts), or ("failed", why), once; then
                     ("events", [(id, event)], [batch sizes], engine seconds) once per step
-                    (the step's tokens and finishes for every stream together), ("swapped",
-                    error or None).
+                    (the step's tokens and finishes for every stream together, and the
+                    prompt tokens its prefix cache reused for each newcomer that reused
+                    some: GenerationStream's events as they are), ("swapped", error or None).
 The server's worker waits for "loaded" (wait_loaded): a model the child cannot load fails
 the server's start, as load_model does in one process.
 Each stream on the server's side is the GenerationStream the API made; the child runs a twin
@@ -42,6 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -53,6 +56,7 @@ from tuneloop.config import ServingConfig
 from tuneloop.cpu_turns import CPU_TURNS
 from tuneloop.serving.engine import GenerationStream, LoadedModel, _deliver_all, load_model, post_deliveries
 from tuneloop.serving.errors import ServingError, ServingSetupError, Unavailable
+from tuneloop.serving.lora import AdapterChecker, AdaptersNotServed, config_targets
 from tuneloop.serving.setup import freeze_heap
 from tuneloop.serving.slots import SlotEngine
 
@@ -94,6 +98,10 @@ class EngineProcess:
         self.forward_name, self.compile_mode, self.compiled, self.compile_seconds = "?", "off", False, 0.0
         self.max_len = loaded.context_length
         self.dtype = None  # the weights' torch dtype in the child (a weight swap loads in it)
+        # LoRA adapters: whether the child's engine serves them (its fused forward, serving.lora),
+        # and why not; adapters are checked here too, so a bad one is refused at submit.
+        self.supports_adapters, self.adapter_refusal = False, "the engine has not started"
+        self._adapter_checker: AdapterChecker | None = None
         self.swap_error: Exception | None = None
         self._swap_done: threading.Event | None = None
         self._proc: subprocess.Popen | None = None
@@ -209,6 +217,8 @@ class EngineProcess:
                     self.forward_name, self.compile_mode = facts["forward_name"], facts["compile_mode"]
                     self.compiled, self.compile_seconds = facts["compiled"], facts["compile_seconds"]
                     self.max_len, self.dtype = facts["context_length"], facts["dtype"]
+                    self.supports_adapters = facts["supports_adapters"]
+                    self.adapter_refusal = facts["adapter_refusal"]
                     log.info(
                         "engine process %d: ready (%s)%s",
                         proc.pid,
@@ -313,6 +323,8 @@ class EngineProcess:
                 "the server is not ready",
                 retry_after_s=1,
             )
+        if stream.params.adapter is not None:
+            self.check_adapter(stream.params.adapter)
         stream.claimed = True
         rid = stream.request_id
         self._streams[rid] = stream
@@ -322,6 +334,21 @@ class EngineProcess:
             self._streams.pop(rid, None)
             raise Unavailable(f"the generation engine is not reachable ({exc})", retry_after_s=1) from exc
         stream.add_cancel_hook(lambda: self._cancel(rid))
+
+    def check_adapter(self, ref) -> None:
+        """SlotEngine.check_adapter on this side of the pipe: raises AdaptersNotServed or
+        AdapterError (400s) for a request naming `ref` that the child would refuse."""
+        if not self.supports_adapters:
+            raise AdaptersNotServed(
+                f"model {ref.name!r} is a LoRA adapter and this server serves none: {self.adapter_refusal}"
+            )
+        if self._adapter_checker is None:
+            from transformers import AutoConfig
+
+            self._adapter_checker = AdapterChecker(
+                config_targets(AutoConfig.from_pretrained(self.model_dir)), self.serving.lora.max_rank
+            )
+        self._adapter_checker.check(ref)
 
     def _cancel(self, rid: str) -> None:
         self._streams.pop(rid, None)
@@ -392,6 +419,13 @@ def _portable(error: BaseException) -> BaseException:
 
 
 def _child(read_fd: int, write_fd: int) -> None:
+    # Stopping is the server's to decide: it drains on SIGTERM and then says "stop" (or its
+    # end of the pipe closes: EOF below). A SIGTERM that reaches this process too (BentoML's
+    # arbiter signals the worker's children) must not end the streams in flight; seen in CI as
+    # "the engine process exited with code -15" cutting test_hostile's draining stream. The
+    # gateway's guard child does the same (guard_child.py).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -434,7 +468,10 @@ def _child(read_fd: int, write_fd: int) -> None:
                 "compile_seconds": engine.compile_seconds,
                 "context_length": engine.context_length,
                 "dtype": loaded.model.dtype,
-                "describe": f"{engine.plan.describe()}; forward {engine.forward_name}; {torch.get_num_threads()} threads; "
+                "supports_adapters": engine.supports_adapters,
+                "adapter_refusal": engine.adapter_refusal,
+                "describe": f"{engine.plan.describe()}; forward {engine.forward_name}; "
+                f"prefix cache {'on' if engine.prefix_cache else 'off'}; {torch.get_num_threads()} threads; "
                 f"up in {time.perf_counter() - started:.1f} s",
             },
         ),

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from tuneloop.serving import slot_attention
+from tuneloop.serving.lora import Target
+from tuneloop.serving.lora_table import LoraStep
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +175,18 @@ class FusedDecoder:
         self.final_norm: tuple
         self.heads = self.kv_heads = self.head_dim = self.hidden = 0
         self.cos = self.sin = None  # RoPE tables, when the model rotates
+        self._lora_parts: list[tuple] = []  # (module, Target) for each linear layer a LoRA may target
+
+    rows_for = staticmethod(bucket_rows)  # the rows a step of n tokens runs its products on
+
+    def _targetable(self, module, layer: int, linear: str, start: int, stop: int, in_features: int) -> None:
+        self._lora_parts.append((module, Target(layer, linear, start, stop, in_features)))
+
+    def lora_targets(self) -> dict[str, Target]:
+        """{the model's name for a linear layer (as peft names it): where this forward computes
+        it}: the layers a LoRA adapter may target (serving/lora.py). The output layer is not one."""
+        names = {id(m): n for n, m in self.model.named_modules()}
+        return {names[id(module)]: target for module, target in self._lora_parts}
 
     def _kernel(self, library, name: str, argtypes: list):
         function = getattr(library, f"{name}_{self.storage}")
@@ -207,12 +221,14 @@ class FusedDecoder:
         starts: torch.Tensor,
         logit_rows: torch.Tensor,
         kv: torch.Tensor,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
         """ids, slots, positions, starts: int64 [n], one entry per token. Token i is written at
         cache position positions[i] of slot slots[i] and attends to starts[i]..positions[i]
         there (its position in its sequence is positions[i] - starts[i]). kv: the engine's
-        cache (layers x 2 x slots x kv heads x positions x head dim). Returns the logits of
-        the tokens logit_rows names, [len(logit_rows), vocab]."""
+        cache (layers x 2 x slots x kv heads x positions x head dim). lora: each token's LoRA
+        adapter, added after each product it targets (None: the base alone, nothing added).
+        Returns the logits of the tokens logit_rows names, [len(logit_rows), vocab]."""
         n = ids.shape[0]
         # The matrix products run on `rows` >= n rows (the rest zeros, their results unused):
         # oneDNN builds a kernel per shape, ~1 ms each the first time, and a ragged step's
@@ -227,6 +243,8 @@ class FusedDecoder:
         for i, layer in enumerate(self.layers):
             self._norm(x, delta, layer.norm1, h, n)
             qkv = layer.qkv(h)
+            if lora is not None:
+                lora.add(i, "qkv", h, qkv)
             self._attention(
                 qkv.data_ptr(),
                 kv[i, 0].data_ptr(),
@@ -244,8 +262,17 @@ class FusedDecoder:
                 self.head_dim,
                 layer.scale,
             )
-            self._norm(x, layer.o(attended), layer.norm2, h, n)
-            delta = layer.down(self._activate(layer.up(h), n))
+            o = layer.o(attended)
+            if lora is not None:
+                lora.add(i, "o", attended, o)
+            self._norm(x, o, layer.norm2, h, n)
+            up = layer.up(h)
+            if lora is not None:
+                lora.add(i, "up", h, up)
+            act = self._activate(up, n)
+            delta = layer.down(act)
+            if lora is not None:
+                lora.add(i, "down", act, delta)
         if logit_rows.numel() == 0:  # only chunks of prompts still incomplete
             return torch.empty((0, self.embed.shape[0]), dtype=self.dtype)
         x, delta = x[logit_rows].contiguous(), delta[logit_rows].contiguous()
@@ -293,8 +320,19 @@ class FusedLlama(FusedDecoder):
         self.embed = inner.embed_tokens.weight
         self.final_norm = (inner.norm.weight, None)
         self.lm_head = _Linear(model.lm_head.weight, model.lm_head.bias, self.pack)
-        for layer in inner.layers:
+        for i, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            at = 0
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                self._targetable(proj, i, "qkv", at, at + proj.weight.shape[0], proj.weight.shape[1])
+                at += proj.weight.shape[0]
+            self._targetable(attn.o_proj, i, "o", 0, attn.o_proj.weight.shape[0], attn.o_proj.weight.shape[1])
+            inter = mlp.gate_proj.weight.shape[0]
+            self._targetable(mlp.gate_proj, i, "up", 0, inter, mlp.gate_proj.weight.shape[1])
+            self._targetable(
+                mlp.up_proj, i, "up", inter, inter + mlp.up_proj.weight.shape[0], mlp.up_proj.weight.shape[1]
+            )
+            self._targetable(mlp.down_proj, i, "down", 0, mlp.down_proj.weight.shape[0], mlp.down_proj.weight.shape[1])
             self.layers.append(
                 _Layer(
                     norm1=(layer.input_layernorm.weight, None),
@@ -359,7 +397,14 @@ class FusedGPT2(FusedDecoder):
         def conv1d(layer) -> _Linear:  # Conv1D keeps [in, out]: its transpose is a view
             return _Linear(layer.weight.t(), layer.bias, self.pack)
 
-        for block in inner.h:
+        for i, block in enumerate(inner.h):
+            for conv, linear in (
+                (block.attn.c_attn, "qkv"),
+                (block.attn.c_proj, "o"),
+                (block.mlp.c_fc, "up"),
+                (block.mlp.c_proj, "down"),
+            ):  # Conv1D: weight [in, out]
+                self._targetable(conv, i, linear, 0, conv.weight.shape[1], conv.weight.shape[0])
             self.layers.append(
                 _Layer(
                     norm1=(block.ln_1.weight, block.ln_1.bias),

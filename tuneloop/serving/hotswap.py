@@ -10,7 +10,9 @@ generation in flight. Then the server
 reports the new version (`/v1/models`, every response's `model`, the request log, metrics).
 Only a version of the same architecture and tokenizer can be swapped in; anything else is
 logged once ("restart to serve it") and the server keeps serving what it has. A rollback is
-a champion change like any other, so it is followed the same way.
+a champion change like any other, so it is followed the same way. The LoRA adapters the
+engine held are dropped with the old weights they were trained on (SlotRunner.load_weights);
+an adapter asked for afterwards is read again from its folder, onto the new weights.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import secrets
 from collections import deque
 from typing import Sequence
 
-from tuneloop.serving.engine import SamplingParams, TokenLogprobs
+from tuneloop.serving.constraints import ConstraintError, RowConstraint, mask_rows
+from tuneloop.serving.engine import LoadedModel, SamplingParams, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,11 @@ class RowSampler:
     """One generation's sampling state: its parameters, its own torch.Generator (sampled
     rows), and how often it generated each token (for the penalties)."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, loaded: LoadedModel | None = None):
         self.params = params
+        self.loaded = loaded  # for a constrained row: its model's tokenizer
+        self.constrained: RowConstraint | None = None  # its matcher, made at its first step
+        self.broken: Exception | None = None  # a token its matcher refused (the row fails at its next step)
         self.generator = None if params.greedy else make_generator(params.seed)
         self.counts: dict[int, int] = {}
         # logprobs of the tokens sample_rows picked, not yet handed to the stream (the engine
@@ -48,7 +52,8 @@ class RowSampler:
     @property
     def active(self) -> bool:
         """Whether sample_rows has anything to do for this row (else its logits stay as they are)."""
-        return not self.params.greedy or self.params.shapes_logits or self.params.logprobs is not None
+        p = self.params
+        return not p.greedy or p.shapes_logits or p.logprobs is not None or p.constraint is not None
 
     @property
     def counts_tokens(self) -> bool:
@@ -59,6 +64,21 @@ class RowSampler:
         """Record a token this generation produced (what the penalties count)."""
         if self.counts_tokens:
             self.counts[token] = self.counts.get(token, 0) + 1
+        if self.constrained is not None and self.broken is None:
+            try:
+                self.constrained.advance(token)
+            except ConstraintError as exc:  # never raised into the engine's step
+                self.broken = exc
+
+    def constrained_row(self) -> RowConstraint:
+        """Its matcher (made at its first step), ready for mask_rows; raises what broke it."""
+        if self.broken is not None:
+            raise self.broken
+        if self.constrained is None:
+            if self.loaded is None:
+                raise ConstraintError("this engine cannot apply a constraint: it was not given the model's tokenizer")
+            self.constrained = RowConstraint(self.params.constraint, self.loaded.grammar_tokenizer)
+        return self.constrained
 
     def take_logprobs(self, n: int = 1) -> list[TokenLogprobs]:
         """The logprobs of the next n picked tokens ([] without logprobs)."""
@@ -68,9 +88,9 @@ class RowSampler:
         return out
 
 
-def row_sampler(params: SamplingParams) -> RowSampler | None:
+def row_sampler(params: SamplingParams, loaded: LoadedModel | None = None) -> RowSampler | None:
     """A RowSampler where the row needs one, None for plain greedy rows (left to the argmax)."""
-    sampler = RowSampler(params)
+    sampler = RowSampler(params, loaded)
     return sampler if sampler.active else None
 
 
@@ -91,7 +111,8 @@ def token_logprobs(lp, token: int, top: int) -> TokenLogprobs:
 def sample_rows(scores, rows: Sequence[RowSampler | None]) -> RowFailures:
     """Shape and sample one token for every row that has a RowSampler; in place.
 
-    Shaping (logit_bias, presence/frequency penalties) changes a row's logits; a sampling
+    Shaping (logit_bias, presence/frequency penalties) changes a row's logits, a constraint
+    masks them to the tokens its grammar allows (serving/constraints.py); a sampling
     row's logits then become a one-hot (0 / -inf) on its drawn token. Greedy rows keep their
     (shaped) logits, so an argmax over the result is every row's next token. Rows that
     report logprobs get that token's entry queued on their RowSampler (take_logprobs).
@@ -106,11 +127,25 @@ def sample_rows(scores, rows: Sequence[RowSampler | None]) -> RowFailures:
     # the model's own distribution, before anything below changes the logits
     raw = dict(zip(reporting, torch.log_softmax(scores[reporting].float(), dim=-1).cpu())) if reporting else {}
     for i, row in enumerate(rows):
-        if row is None or not row.active:
+        if row is not None and row.active and row.params.shapes_logits:
+            try:
+                _shape_row(scores, i, row)
+            except Exception as exc:  # noqa: BLE001 - isolated to its row, reported to its stream
+                log.exception("shaping failed for one row of a batch; only its request fails")
+                failures[i] = exc
+    # after the shaping (a bias cannot re-allow a token): every constrained row's mask at once
+    constrained = []
+    for i, row in enumerate(rows):
+        if row is not None and row.params.constraint is not None and i not in failures:
+            try:
+                constrained.append((i, row.constrained_row()))
+            except Exception as exc:  # noqa: BLE001 - e.g. its grammar failed on a token
+                failures[i] = exc
+    failures.update(mask_rows(scores, constrained))
+    for i, row in enumerate(rows):
+        if row is None or not row.active or i in failures:
             continue
         try:
-            if row.params.shapes_logits:
-                _shape_row(scores, i, row)
             if not row.params.greedy:
                 _sample_row(scores, i, row.params, row.generator)
             if i in raw:  # the token the engine's argmax will pick from these scores

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,3 +228,130 @@ def plan_kv_cache(
             )
         slots, slot_len = 1, budget
     return KVCachePlan(slots, slot_len, per_token)
+
+
+# ---------------------------------------------------------------------------------------
+# which slot a request takes, and the prompt prefixes slots still hold (the prefix cache)
+
+
+MIN_REUSED_TOKENS = 16  # a shorter common prefix (a chat template's opening) is not worth a slot's held tokens
+
+
+def common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most `limit`. List slices compare in C: a
+    binary search over them costs a few slice comparisons, not a Python loop per token."""
+    n = min(len(a), len(b), limit)
+    if n <= 0 or a[:n] == b[:n]:
+        return max(n, 0)
+    same, differs = 0, n  # a[:same] == b[:same]; a[:differs] != b[:differs]
+    while differs - same > 1:
+        mid = (same + differs) // 2
+        if a[same:mid] == b[same:mid]:
+            same = mid
+        else:
+            differs = mid
+    return same
+
+
+@dataclass(frozen=True)
+class SlotChoice:
+    """Where a request goes: its slot, and how many of its prompt's first tokens need no
+    prefill there (their keys and values are in the slot already, or copied from `source`)."""
+
+    slot: int
+    reused: int = 0
+    source: int | None = None  # a running request's slot to copy the reused tokens' cache from
+
+
+@dataclass(frozen=True)
+class RunningPrefix:
+    """A running request's prompt tokens already in its slot (a source to copy from)."""
+
+    slot: int
+    tokens: list[int]
+    count: int  # tokens[:count] are in the cache
+    adapter: object = None
+
+
+class SlotPool:
+    """The slots engine's free slots (the fused forward's ragged steps), and for each the
+    tokens whose keys and values it still holds from the request that used it last: the
+    prefix cache, as llama.cpp's server keeps a slot's tokens (`cache_prompt`).
+
+    A newcomer takes the free slot holding the longest prefix of its prompt, made with its
+    adapter (a LoRA changes the keys and values; None: the base), and prefills only the rest;
+    at least its last prompt token is prefilled, so that its first token's logits come from
+    the forward. Among equal prefixes, and when no slot holds MIN_REUSED_TOKENS of it, the
+    least recently used slot, an empty one first: a slot holding someone's prefix is given up
+    last. With `running` sources, a prefix longer by MIN_REUSED_TOKENS or more in a running
+    request's slot is copied into the chosen slot (a few MB, far less than prefilling it). Disabled, nothing is held:
+    every prompt is prefilled whole (serving.prefix_cache: false).
+
+    Held tokens stay valid while nothing else writes to the slot: the weights and adapters
+    they were computed with must not change (forget() at a weight swap) and a failed step
+    leaves what it wrote unknown (reset()).
+    """
+
+    def __init__(self, num_slots: int, enabled: bool = True, min_reused: int = MIN_REUSED_TOKENS):
+        self.enabled = enabled
+        self.min_reused = max(1, min_reused)
+        self.free: set[int] = set(range(num_slots))
+        self.held: list[list[int]] = [[] for _ in range(num_slots)]
+        self.adapter: list[object] = [None] * num_slots
+        self.used = [0] * num_slots  # when each slot was last taken or given back (a counter)
+        self._clock = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def choose(self, prompt: list[int], adapter: object = None, running: Sequence[RunningPrefix] = ()) -> SlotChoice:
+        """The free slot `prompt` should take (the class docstring says which); there must be one."""
+        limit = len(prompt) - 1  # the last prompt token is always prefilled
+        best, reused = None, 0
+        if self.enabled:
+            for slot in self.free:
+                if self.adapter[slot] != adapter or not self.held[slot]:
+                    continue
+                n = common_prefix_length(self.held[slot], prompt, limit)
+                if n > reused or (n == reused and best is not None and self.used[slot] < self.used[best]):
+                    best, reused = slot, n
+        if reused < self.min_reused:
+            best, reused = None, 0
+        slot = best if best is not None else self._victim()
+        source, copied = None, reused
+        for r in running if self.enabled else ():
+            if r.adapter == adapter:
+                n = common_prefix_length(r.tokens, prompt, min(limit, r.count))
+                if n > copied:
+                    source, copied = r.slot, n
+        if source is not None and copied - reused >= self.min_reused:  # worth a copy
+            return SlotChoice(slot, copied, source)
+        return SlotChoice(slot, reused)
+
+    def _victim(self) -> int:
+        """The free slot whose held tokens are worth least: an empty one, else the least recently used."""
+        return min(self.free, key=lambda s: (bool(self.held[s]), self.used[s], s))
+
+    def take(self, choice: SlotChoice) -> None:
+        """The slot is a running request's now: what it held beyond the reused prefix is overwritten."""
+        self.free.remove(choice.slot)
+        self.held[choice.slot], self.adapter[choice.slot] = [], None
+        self.used[choice.slot] = self._tick()
+
+    def give_back(self, slot: int, tokens: list[int], adapter: object = None) -> None:
+        """The request in `slot` ended; `tokens` are those whose keys and values it wrote there."""
+        self.free.add(slot)
+        if self.enabled:
+            self.held[slot], self.adapter[slot] = tokens, adapter
+        self.used[slot] = self._tick()
+
+    def forget(self) -> None:
+        """Drop every held prefix (the weights changed: they were computed with the old ones)."""
+        for slot in range(len(self.held)):
+            self.held[slot], self.adapter[slot] = [], None
+
+    def reset(self) -> None:
+        """Every slot free and holding nothing (after a step failed with its requests)."""
+        self.forget()
+        self.free = set(range(len(self.held)))

@@ -13,10 +13,15 @@ knows nothing of queues, streams' ends or threads. What the scheduler calls:
   newcomers, then one token per running row), or fused_step(rows, chunks) (the fused
   forward: ragged steps, prompt chunks beside the decodes) -> each picking row's logits;
 - pick(rows, logits) -> each row's next token (sampling.py's per-row sampling, then argmax);
-- move(src, dst, length): a request's cache rows into another slot;
-- check_weights(state) / load_weights(state): a weight swap, in place.
-A SlotRow is a running request in its slot: the scheduler owns the list (row i in slot i),
-the runner keeps each row's cache bookkeeping (length, prefilled) as it writes.
+- move(src, dst, length): a request's cache rows into another slot (or a running request's
+  prompt prefix into a newcomer's: the prefix cache);
+- check_weights(state) / load_weights(state): a weight swap, in place (loaded LoRA adapters
+  are dropped: they were trained on the old weights);
+- adapters: the LoRA adapters held (lora.py's AdapterTable) where the fused forward serves
+  the model and serving.lora is on, else None (adapter_refusal says why).
+A SlotRow is a running request in its slot: the scheduler owns the list (transformers' forward:
+row i in slot i; the fused forward: row.slot, where the row stays), the runner keeps each row's
+cache bookkeeping (length, prefilled) as it writes.
 
 torch and the project's modules that need it at import (fused_forward, slot_attention) are
 imported inside the methods that use them: importing this module stays light.
@@ -25,7 +30,7 @@ imported inside the methods that use them: importing this module stays light.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuneloop.serving.engine import GenerationStream, LoadedModel, SamplingParams
 from tuneloop.serving.sampling import RowFailures, RowSampler, sample_rows
@@ -81,6 +86,9 @@ class WarmUpSink:
     def emit(self, ids, logprobs=None) -> None:
         pass
 
+    def note_cached(self, count: int) -> None:
+        pass
+
     def finish(self, reason, error=None) -> None:
         pass
 
@@ -97,6 +105,9 @@ class SlotRow:
     sampler: RowSampler | None = None  # sampling / shaped rows; None for plain greedy
     prefilled: int = 0  # the fused forward: prompt tokens in the cache so far (it prefills in chunks)
     admitted: int = 0  # admission order: the earliest prefilling row gets the step's budget first
+    adapter: str | None = None  # its LoRA adapter's name (loaded in the runner's adapters); None: the base
+    slot: int = -1  # the fused forward: its slot (rows stay in theirs); transformers' forward: row i in slot i
+    output: list[int] = field(default_factory=list)  # the tokens it generated, in order
 
     @property
     def prefilling(self) -> bool:
@@ -105,6 +116,13 @@ class SlotRow:
     @property
     def write_at(self) -> int:
         return self.offset + self.length
+
+    def cached_ids(self) -> list[int]:
+        """The tokens whose keys and values it wrote into its slot (the fused forward: from position 0)."""
+        prompt = self.stream.prompt_ids
+        if self.prefilling:
+            return prompt[: self.prefilled]
+        return prompt + self.output[: self.length - len(prompt)]  # `last` is fed at the next step
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,6 +143,7 @@ class SlotRunner:
         max_model_len: int | None = None,
         compile_mode: str = "auto",
         forward: str = "fused",
+        lora=None,
     ):
         import torch
 
@@ -165,6 +184,14 @@ class SlotRunner:
             raise ValueError(f"serving.forward must be fused or transformers, not {forward!r}")
         self.forward_wanted = forward
         self.fused = None  # a fused_forward.FusedDecoder once chosen
+        # LoRA adapters (serving.lora, a ServingLoraConfig or None): served on the fused forward
+        # only, set up once it is chosen (choose_forward); adapter_refusal says why not otherwise.
+        self.lora = lora
+        self.adapters = None  # lora.AdapterTable
+        self.adapter_refusal = (
+            "the engine has not started" if lora is not None and lora.enabled else "serving.lora.enabled is false"
+        )
+        self.on_adapter_read = lambda: None  # set by the scheduler: an adapter was read (wake the idle engine)
         self._replaced_attention: str | None = None  # the model's attention before the kernel's
         self._forward, self._decode_forward = self._run_model, self._decode_model
         self._compiled_layers: list = []
@@ -202,13 +229,33 @@ class SlotRunner:
                 self.fused = None
         if self.fused is not None:  # eager: nothing of transformers' forward to compile or re-route
             self.compiled, self.compile_mode = False, "off"
+            if self.lora is not None and self.lora.enabled:
+                self._serve_adapters()
             return
+        if self.lora is not None and self.lora.enabled:
+            self.adapter_refusal = (
+                "LoRA adapters are served on the slots engine's fused forward, and this model is served "
+                "with transformers' forward"
+            )
         if self.decode_attention == "kernel":
             try:
                 self.kernel = self._use_kernel()
             except Exception:  # the engine still serves, with sdpa
                 log.exception("slots engine: checking the slot attention kernel failed; decoding uses sdpa")
                 self.kernel = False
+
+    def _serve_adapters(self) -> None:
+        from tuneloop.serving.lora_table import AdapterTable  # deferred: with fused_forward (torch)
+
+        self.adapters = AdapterTable(
+            self.fused.lora_targets(),
+            self.model.dtype,
+            self.lora.max_loaded,
+            self.lora.max_bytes,
+            self.lora.max_rank,
+            wake=lambda: self.on_adapter_read(),
+        )
+        self.adapter_refusal = None
 
     def uncompile(self) -> None:
         """Serve the eager model (torch.compile failed on it)."""
@@ -222,6 +269,8 @@ class SlotRunner:
             self.model.config._attn_implementation = self._replaced_attention
             self._replaced_attention = None
         self._uncompile_layers()
+        if self.adapters is not None:
+            self.adapters.stop()
 
     def _uncompile_layers(self) -> None:
         for layer in self._compiled_layers:  # nn.Module.compile keeps its compiled call here
@@ -361,10 +410,10 @@ class SlotRunner:
         return out.logits[:, -1, :]
 
     def fused_step(self, rows: list[SlotRow], chunks: dict[int, int]):
-        """One ragged forward over rows (row i in slot i): a token for each decoding row, and
-        chunks[slot] more prompt tokens of each prefilling row given one (a prefilling row not
-        in chunks waits). (logits, their rows' slots) for the rows that decoded and those
-        whose prompt is now whole; None if there was nothing to run."""
+        """One ragged forward over rows (each in its row.slot): a token for each decoding row,
+        and chunks[i] more prompt tokens of each prefilling row i given one (a prefilling row
+        not in chunks waits). (logits, their rows' indices in rows) for the rows that decoded
+        and those whose prompt is now whole; None if there was nothing to run."""
         import torch
 
         ids: list[int] = []
@@ -372,40 +421,45 @@ class SlotRunner:
         positions: list[int] = []
         starts: list[int] = []
         picks: list[int] = []  # the tokens whose logits pick a next token
-        picked: list[int] = []  # ... and their rows' slots
+        picked: list[int] = []  # ... and their rows' indices
         decoding: list[SlotRow] = []
-        for slot, row in enumerate(rows):
-            if slot in chunks:
-                first, count = row.prefilled, chunks[slot]
+        adapters: list[int] = []  # each token's adapter's position in the stacks (0: the base)
+        table = self.adapters
+        for i, row in enumerate(rows):
+            if i in chunks:
+                first, count = row.prefilled, chunks[i]
                 ids.extend(row.stream.prompt_ids[first : first + count])
                 positions.extend(range(first, first + count))
                 if first + count == len(row.stream.prompt_ids):
                     picks.append(len(ids) - 1)
-                    picked.append(slot)
+                    picked.append(i)
             elif not row.prefilling:
                 ids.append(row.last)
                 positions.append(row.write_at)
                 count = 1
                 picks.append(len(ids) - 1)
-                picked.append(slot)
+                picked.append(i)
                 decoding.append(row)
             else:
                 continue  # waits for budget in a later step
-            slots.extend([slot] * count)
+            slots.extend([row.slot] * count)
             starts.extend([row.offset] * count)
+            if table is not None:
+                adapters.extend([table.position(row.adapter) if row.adapter is not None else 0] * count)
         if not ids:
             return None
 
         def longs(values: list[int]):
             return torch.tensor(values, dtype=torch.long, device=self.device)
 
+        lora = table.step(adapters, self.fused.rows_for(len(ids))) if table is not None else None
         logits = self.fused.forward(
-            longs(ids), longs(slots), longs(positions), longs(starts), longs(picks), self.cache.kv
+            longs(ids), longs(slots), longs(positions), longs(starts), longs(picks), self.cache.kv, lora
         )
         for row in decoding:
             row.length += 1  # its `last` token is in the cache now
-        for slot, count in chunks.items():
-            rows[slot].prefilled += count
+        for i, count in chunks.items():
+            rows[i].prefilled += count
         return logits, picked
 
     def pick(self, rows: list[SlotRow], logits) -> tuple[list[int], RowFailures]:
@@ -417,7 +471,8 @@ class SlotRunner:
         return logits.argmax(dim=-1).tolist(), failed
 
     def move(self, src: int, dst: int, length: int) -> None:
-        """A request's first `length` cache positions from slot src into slot dst."""
+        """A request's first `length` cache positions from slot src into slot dst (also how a
+        running request's prompt prefix is copied for a newcomer that shares it)."""
         self.cache.move(src, dst, length)
 
     # ---- a new model's weights ----------------------------------------------------------
@@ -438,3 +493,5 @@ class SlotRunner:
                 tensor.copy_(state[name].to(device=tensor.device, dtype=tensor.dtype))
         if self.fused is not None:  # its fused weights are views of these; packed copies are not
             self.fused.refresh()
+        if self.adapters is not None:  # trained on the weights just replaced
+            self.adapters.clear()

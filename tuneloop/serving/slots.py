@@ -12,9 +12,15 @@ Unlike it, the model runs on a cache laid out for one machine's CPU as much as f
   batching manager instead runs, on a CPU (no flash/paged kernels), one dense mask of
   (new tokens x every cached token of the whole batch): its attention grows with
   batch size squared.
-- Active requests always occupy slots 0..n-1, so every step's cache is a view
-  (keys[:n, :, :kv_len]). A request that ends frees its slot; the last active request
-  moves into the hole (one copy of its cache rows).
+- transformers' forward: active requests always occupy slots 0..n-1, so every step's cache
+  is a view (keys[:n, :, :kv_len]). A request that ends frees its slot; the last active
+  request moves into the hole (one copy of its cache rows). The fused forward names each
+  token's slot, so a request stays in its slot, and a slot it leaves keeps what it wrote.
+- The prefix cache (serving.prefix_cache, the fused forward): a newcomer takes the free slot
+  that holds the longest prefix of its prompt (a chat's system prompt, an earlier turn of the
+  conversation), as llama.cpp's server does, or copies a longer one from a running request's
+  slot, and prefills only the rest; its stream reports the reused tokens (cached_tokens).
+  Which slot: slot_cache.py's SlotPool. A weight swap drops every held prefix.
 
 It drives any Hugging Face decoder with full attention through the model's own forward:
 SlotCache is a transformers Cache whose layers write into the slots, and the model gets
@@ -31,7 +37,9 @@ One loop on one thread:
 
 This module is the scheduler: the queue, which request gets which slot, admission into the
 batch, how much prompt a step prefills, each step's tokens handed to their streams, rows
-freed, weight swaps at a step boundary. The model runs in slot_runner.py (SlotRunner: the
+freed, weight swaps at a step boundary, LoRA adapters (serving.lora, lora.py): a request
+whose adapter is not loaded waits while it is read, the others go on; rows of different
+adapters share each step, each with its own. The model runs in slot_runner.py (SlotRunner: the
 forward passes over the slots, token picking); the cache and its size are slot_cache.py's.
 """
 
@@ -42,13 +50,21 @@ import threading
 import time
 from collections import deque
 
+from tuneloop.config import ServingLoraConfig
 from tuneloop.cpu_turns import CPU_TURNS
 from tuneloop.serving.engine import BatchObserver, GenerationStream, LoadedModel, batched_delivery
 from tuneloop.serving.errors import Unavailable
+from tuneloop.serving.lora import AdapterChecker, AdapterRef, AdaptersNotServed, AdapterSpec
 from tuneloop.serving.sampling import row_sampler
+from tuneloop.serving.slot_cache import RunningPrefix, SlotPool
 from tuneloop.serving.slot_runner import SlotRow, SlotRunner, WarmUpSink
 
 log = logging.getLogger(__name__)
+
+
+def _prefix_key(adapter: AdapterRef | None) -> tuple[str, str] | None:
+    """Whose keys and values a prefix is: the base's (None) or one adapter's (a LoRA changes them)."""
+    return None if adapter is None else (adapter.name, adapter.path)
 
 
 class SlotEngine:
@@ -69,8 +85,11 @@ class SlotEngine:
         max_model_len: int | None = None,
         compile_mode: str = "auto",
         forward: str = "fused",
+        lora: ServingLoraConfig | None = None,
+        prefix_cache: bool = True,
     ):
         self.loaded = loaded
+        self.lora = lora if lora is not None else ServingLoraConfig()
         self.runner = SlotRunner(
             loaded,
             num_slots,
@@ -81,13 +100,18 @@ class SlotEngine:
             max_model_len=max_model_len,
             compile_mode=compile_mode,
             forward=forward,
+            lora=self.lora,
         )
+        self.runner.on_adapter_read = self._notify
+        self._checker: AdapterChecker | None = None
         self.plan = self.runner.plan
         self.num_slots = self.runner.num_slots  # num_slots is the most; the cache budget may give fewer
         self.max_len = self.runner.max_len
         self.max_prefill_tokens = max_prefill_tokens  # the first newcomer of a step is admitted whatever its length
         self.on_batch = on_batch
-        self.rows: list[SlotRow] = []  # row i is in slot i
+        self.rows: list[SlotRow] = []  # transformers' forward: row i is in slot i; the fused forward: row.slot
+        # The fused forward's free slots and the prompt prefixes they hold (the prefix cache).
+        self.pool = SlotPool(self.num_slots, enabled=prefix_cache)
         self._inbox: deque[GenerationStream] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -114,6 +138,8 @@ class SlotEngine:
             max_model_len=serving.max_model_len,
             compile_mode=serving.compile_mode,
             forward=serving.forward,
+            lora=serving.lora,
+            prefix_cache=serving.prefix_cache,
         )
 
     # ---- what the runner chose (read once ready) ----------------------------------------
@@ -137,6 +163,41 @@ class SlotEngine:
     @property
     def cache(self):
         return self.runner.cache
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether requests reuse the cached keys and values of a prompt prefix (the fused forward only)."""
+        return self.pool.enabled and self.runner.ragged
+
+    @property
+    def supports_adapters(self) -> bool:
+        """Whether requests may name a LoRA adapter (SamplingParams.adapter): the fused forward
+        serves the model and serving.lora is on. Known once ready; adapter_refusal says why not."""
+        return self.runner.adapters is not None
+
+    @property
+    def adapter_refusal(self) -> str | None:
+        return self.runner.adapter_refusal
+
+    @property
+    def adapters(self):
+        """The runner's lora.AdapterTable (None without adapters): what is loaded, its stats."""
+        return self.runner.adapters
+
+    def check_adapter(self, ref: AdapterRef) -> AdapterSpec:
+        """Raise what a request naming `ref` would get now: AdaptersNotServed (this engine
+        serves none, and why) or AdapterError (this adapter cannot be served: what is wrong),
+        both 400s; else the adapter's spec (checked from its config and safetensors header)."""
+        if self.runner.adapters is None:
+            raise AdaptersNotServed(
+                f"model {ref.name!r} is a LoRA adapter and this server serves none: {self.runner.adapter_refusal}"
+            )
+        if self._checker is None:
+            targets = self.runner.fused.lora_targets()
+            self._checker = AdapterChecker(
+                {m: (t.out_features, t.in_features) for m, t in targets.items()}, self.lora.max_rank
+            )
+        return self._checker.check(ref)
 
     # ---- lifecycle --------------------------------------------------------------------
     def launch(self) -> None:
@@ -163,7 +224,10 @@ class SlotEngine:
         return self.max_len
 
     def submit(self, stream: GenerationStream) -> None:
-        """Queue stream for a slot (any thread; called on the event loop by the API)."""
+        """Queue stream for a slot (any thread; called on the event loop by the API). A stream
+        naming an adapter this engine cannot serve raises check_adapter's 400 instead."""
+        if stream.params.adapter is not None and self.ready.is_set():
+            self.check_adapter(stream.params.adapter)
         with self._wake:
             if self._closed or not self.is_running:
                 raise Unavailable("the generation engine is not running; the server is not ready", retry_after_s=1)
@@ -190,6 +254,8 @@ class SlotEngine:
             with self._wake:
                 self._closed = True
                 streams = [row.stream for row in self.rows] + list(self._inbox)
+                if self.runner.adapters is not None:
+                    streams += self.runner.adapters.waiting()
                 self.rows, self._inbox = [], deque()
             with batched_delivery():
                 for stream in streams:
@@ -201,10 +267,11 @@ class SlotEngine:
         if self.runner.ragged:
             log.info(
                 "slots engine: fused forward (%s, %s, ragged steps: prompts prefilled in chunks of up to %d "
-                "tokens beside the decodes)",
+                "tokens beside the decodes; prefix cache %s)",
                 type(self.runner.fused).__name__,
                 self.runner.fused.dtype,
                 self.max_prefill_tokens,
+                "on" if self.pool.enabled else "off",
             )
         if self.runner.compiled:
             started = time.perf_counter()
@@ -224,7 +291,13 @@ class SlotEngine:
         with torch.inference_mode():
             while True:
                 with self._wake:
-                    while not self._stopping and not self.rows and not self._inbox and self._swap is None:
+                    while (
+                        not self._stopping
+                        and not self.rows
+                        and not self._inbox
+                        and self._swap is None
+                        and not self._adapter_read()
+                    ):
                         self._wake.wait(0.5)
                     if self._stopping:
                         return
@@ -237,6 +310,7 @@ class SlotEngine:
                         for row in self.rows:
                             row.stream.finish("error", exc)
                     self.rows = []
+                    self.pool.reset()  # what the failed step wrote is unknown
 
     def _step(self) -> None:
         self._drop_cancelled()
@@ -247,6 +321,7 @@ class SlotEngine:
                 self._apply_swap()
             return
         if self.runner.ragged:
+            self._take_read_adapters()
             self._admit_ragged()
             if self.rows:
                 self._fused_step()
@@ -279,6 +354,7 @@ class SlotEngine:
     def _apply_swap(self) -> None:
         swap, started = self._swap, time.perf_counter()
         try:
+            self.pool.forget()  # computed with the old weights
             self.runner.load_weights(swap["state"])
             log.info("slots engine: new weights loaded in %.2f s", time.perf_counter() - started)
         except Exception as exc:  # pragma: no cover - shapes were checked in swap_weights
@@ -288,6 +364,25 @@ class SlotEngine:
             with self._wake:
                 self._swap = None
             swap["done"].set()
+
+    # ---- LoRA adapters --------------------------------------------------------------------
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def _adapter_read(self) -> bool:
+        return self.runner.adapters is not None and self.runner.adapters.has_news
+
+    def _take_read_adapters(self) -> None:
+        """Adapters read since the last step are installed (evicting unused ones as needed); the
+        requests that waited for them go to the front of the queue."""
+        table = self.runner.adapters
+        if table is None:
+            return
+        ready = table.poll({row.adapter for row in self.rows if row.adapter is not None})
+        if ready:
+            with self._wake:
+                self._inbox.extendleft(reversed(ready))
 
     # ---- admission ----------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -309,6 +404,10 @@ class SlotEngine:
                 if stream.cancelled:
                     self._inbox.popleft()
                     continue
+                if stream.params.adapter is not None:  # refused at submit; queued before the engine was ready
+                    self._inbox.popleft()
+                    stream.finish("error", AdaptersNotServed(f"LoRA adapters are not served: {self.adapter_refusal}"))
+                    continue
                 n = len(stream.prompt_ids)
                 new_width = max(width, n)
                 # left padding: every newcomer's slot must still hold its whole generation
@@ -319,36 +418,71 @@ class SlotEngine:
                 self._inbox.popleft()
                 width = new_width
                 params = stream.params
-                row = SlotRow(stream, offset=0, length=n, last=-1, sampler=row_sampler(params))
+                row = SlotRow(stream, offset=0, length=n, last=-1, sampler=row_sampler(params, self.loaded))
                 newcomers.append(row)
                 self.rows.append(row)
         for row in newcomers:
             row.offset = width - row.length
         return newcomers
 
+    def _place(self, row: SlotRow, copies: list[tuple[int, int, int]]) -> None:
+        """Give a newcomer its slot (the fused forward): the free one holding the longest prefix
+        of its prompt (SlotPool.choose), whose tokens it then need not prefill. A prefix to copy
+        from a running request's slot goes into `copies` (source, slot, tokens), made in order
+        once the queue's lock is let go."""
+        key = _prefix_key(row.stream.params.adapter)
+        running = [  # prompts in running rows' slots: a newcomer may copy a longer prefix from one
+            RunningPrefix(r.slot, r.stream.prompt_ids, r.prefilled, key)
+            for r in self.rows
+            if self.pool.enabled and _prefix_key(r.stream.params.adapter) == key
+        ]
+        choice = self.pool.choose(row.stream.prompt_ids, key, running)
+        self.pool.take(choice)
+        row.slot = choice.slot
+        if choice.source is not None:
+            copies.append((choice.source, choice.slot, choice.reused))
+        row.prefilled = choice.reused
+        row.stream.note_cached(choice.reused)
+
     def _admit_ragged(self) -> None:
         """The fused forward's admission: queued requests take free slots while the prompt
         tokens still waiting to be prefilled are under max_prefill_tokens (a step prefills at
         most that many, in chunks: a long prompt takes several steps, beside the decodes)."""
         waiting = sum(len(r.stream.prompt_ids) - r.prefilled for r in self.rows if r.prefilling)
-        with self._wake:
+        table = self.runner.adapters
+        copies: list[tuple[int, int, int]] = []
+        with batched_delivery(), self._wake:  # what newcomers are told goes out once the queue is let go
             while self._inbox and len(self.rows) < self.num_slots and waiting < self.max_prefill_tokens:
                 stream = self._inbox.popleft()
                 if stream.cancelled:
                     continue
+                adapter = stream.params.adapter
+                if adapter is not None:
+                    if table is None:  # refused at submit; queued before the engine was ready
+                        stream.finish(
+                            "error", AdaptersNotServed(f"LoRA adapters are not served: {self.adapter_refusal}")
+                        )
+                        continue
+                    if table.position(adapter.name) is None:  # read meanwhile; the queue goes on
+                        table.wait_for(stream)
+                        continue
+                    table.touch(adapter.name)
                 self._admissions += 1
                 n = len(stream.prompt_ids)
-                self.rows.append(
-                    SlotRow(
-                        stream,
-                        offset=0,
-                        length=n,
-                        last=-1,
-                        sampler=row_sampler(stream.params),
-                        admitted=self._admissions,
-                    )
+                row = SlotRow(
+                    stream,
+                    offset=0,
+                    length=n,
+                    last=-1,
+                    sampler=row_sampler(stream.params, self.loaded),
+                    admitted=self._admissions,
+                    adapter=adapter.name if adapter is not None else None,
                 )
-                waiting += n
+                self._place(row, copies)
+                self.rows.append(row)
+                waiting += n - row.prefilled
+        for source, slot, count in copies:  # a few MB each: not while submit() waits for the lock
+            self.runner.move(source, slot, count)
 
     # ---- the steps ----------------------------------------------------------------------
     def _prefill(self, newcomers: list[SlotRow]) -> None:
@@ -369,13 +503,13 @@ class SlotEngine:
         admitted first). Rows that decoded, and rows whose prompt is now whole, get their
         next token."""
         budget = self.max_prefill_tokens
-        chunks: dict[int, int] = {}  # slot -> prompt tokens it prefills this step
-        for slot in sorted((i for i, r in enumerate(self.rows) if r.prefilling), key=lambda i: self.rows[i].admitted):
+        chunks: dict[int, int] = {}  # row index -> prompt tokens it prefills this step
+        for i in sorted((i for i, r in enumerate(self.rows) if r.prefilling), key=lambda i: self.rows[i].admitted):
             if budget <= 0:
                 break
-            row = self.rows[slot]
-            chunks[slot] = min(budget, len(row.stream.prompt_ids) - row.prefilled)
-            budget -= chunks[slot]
+            row = self.rows[i]
+            chunks[i] = min(budget, len(row.stream.prompt_ids) - row.prefilled)
+            budget -= chunks[i]
         step = self.runner.fused_step(self.rows, chunks)
         if step is None:
             return
@@ -394,7 +528,7 @@ class SlotEngine:
 
     def _advance(self, rows: list[SlotRow], logits, slots: int | list[int]) -> None:
         """Pick each row's next token, hand it to its stream, and free the rows that ended.
-        slots: each row's slot, or the first of consecutive ones."""
+        slots: each row's index in self.rows, or the first of consecutive ones."""
         if isinstance(slots, int):
             slots = list(range(slots, slots + len(rows)))
         with batched_delivery():
@@ -418,6 +552,7 @@ class SlotEngine:
                 if row.sampler is not None:
                     row.sampler.observe(token)
                 stream.emit([token], row.sampler.take_logprobs() if row.sampler is not None else None)
+                row.output.append(token)
                 row.generated += 1
                 row.last = token
                 if row.generated >= stream.params.max_new_tokens or row.write_at >= self.max_len:
@@ -427,7 +562,13 @@ class SlotEngine:
             self._free(slot)
 
     def _free(self, slot: int) -> None:
-        """Free a slot; the last active row moves into it so that slots 0..n-1 stay active."""
+        """Free the slot of row `slot` (an index in self.rows). The fused forward: the slot keeps
+        what the row wrote, for a later prompt that starts the same (the prefix cache).
+        transformers' forward: the last active row moves into it so that slots 0..n-1 stay active."""
+        if self.runner.ragged:
+            row = self.rows.pop(slot)
+            self.pool.give_back(row.slot, row.cached_ids(), _prefix_key(row.stream.params.adapter))
+            return
         last = len(self.rows) - 1
         if slot != last:
             moved = self.rows[last]

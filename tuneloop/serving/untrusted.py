@@ -162,14 +162,19 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # serving.max_request_bytes' default (tun
 
 
 class BodyLimit:
-    """413 for a request body over `limit` bytes, in OpenAI's shape, before anything parses it."""
+    """413 for a request body over `limit` bytes, in OpenAI's shape, before anything parses it.
+    The paths in `exempt` pass untouched: their routes bound their own bodies as they stream
+    them (the Files API's upload, with its own larger limit)."""
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app, limit: int, exempt: tuple[str, ...] = ()):
         self.app = app
         self.limit = int(limit)
+        self.exempt = frozenset(exempt)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        if scope.get("path") in self.exempt:
             return await self.app(scope, receive, send)
         declared = _content_length(scope)
         if declared is not None and declared > self.limit:

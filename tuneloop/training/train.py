@@ -7,11 +7,13 @@ examples with the Hugging Face Trainer and writes, into spec.output_dir:
     checkpoints/checkpoint-N/   every save_steps (the last two kept, deleted on success)
     model/                      the fine-tuned model + tokenizer, a plain HF folder
                                 (LoRA weights merged in), written by rank 0
+    adapter/                    LoRA runs: the adapter alone (train_result's adapter_dir)
     train_result.json           loss history, eval loss, throughput, how it ran
 
 If checkpoints/ already holds a complete checkpoint the run resumes from the newest one.
-The loss is taken on completion tokens only: tuneloop.formatting.encode_example masks
-the prompt.
+training.objective sft: the loss is taken on completion tokens only
+(tuneloop.formatting.encode_example masks the prompt). dpo: preference pairs, TRL's
+DPOTrainer (tuneloop/training/dpo.py); its loss history is the DPO loss.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from tuneloop.data.dataset import read_examples as read_dataset
 from tuneloop.data.formats import DataError
 from tuneloop.formatting import IGNORE_INDEX, encode_example
+from tuneloop.training.dpo import REWARD_METRICS, dpo_arguments, dpo_result, dpo_trainer, encode_pairs
 from tuneloop.training.launch import TrainingError, TrainSpec
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -55,6 +58,11 @@ def encode_all(examples, tokenizer, max_length: int, what: str) -> list[dict[str
     """Encode examples; drop (and count, loudly) those with nothing left to learn."""
     rows, empty = [], []
     for ex in examples:
+        if ex.is_preference:  # supervised tuning would learn the chosen answers alone, silently
+            raise TrainingError(
+                f"{what} example {ex.example_id} is a preference pair (OpenAI's DPO format): "
+                "train it with training.objective dpo"
+            )
         try:
             row = encode_example(ex, tokenizer, max_length)
         except ValueError as exc:  # a chat template that cannot mark the answer
@@ -165,7 +173,8 @@ def make_callbacks(max_steps: int):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
                 return
-            shown = {k: v for k, v in logs.items() if k in ("loss", "eval_loss", "learning_rate", "grad_norm")}
+            keys = ("loss", "eval_loss", "learning_rate", "grad_norm") + tuple(k for k, _ in REWARD_METRICS)
+            shown = {k: v for k, v in logs.items() if k in keys}
             if shown:
                 parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()]
                 print(f"[train] step {state.global_step}/{max_steps} " + " ".join(parts), flush=True)
@@ -222,10 +231,22 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     tokenizer = AutoTokenizer.from_pretrained(spec.base_model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out, any id works
-    train_rows = encode_all(read_examples(spec.train_path), tokenizer, cfg.max_length, "train")
-    eval_rows = encode_all(read_examples(spec.eval_path), tokenizer, cfg.max_length, "eval") if spec.eval_path else []
+    dpo = cfg.objective == "dpo"
+    if dpo:
+        train_rows = encode_pairs(read_examples(spec.train_path), tokenizer, cfg.max_length, "train", log)
+        eval_rows = (
+            encode_pairs(read_examples(spec.eval_path), tokenizer, cfg.max_length, "eval", log)
+            if spec.eval_path
+            else []
+        )
+    else:
+        train_rows = encode_all(read_examples(spec.train_path), tokenizer, cfg.max_length, "train")
+        eval_rows = (
+            encode_all(read_examples(spec.eval_path), tokenizer, cfg.max_length, "eval") if spec.eval_path else []
+        )
     log(
-        f"{spec.name}: {len(train_rows)} train / {len(eval_rows)} eval examples, {cfg.method} fine-tuning, "
+        f"{spec.name}: {len(train_rows)} train / {len(eval_rows)} eval {'pairs' if dpo else 'examples'}, "
+        f"{cfg.method} {'preference (DPO) ' if dpo else ''}fine-tuning, "
         f"{spec.num_processes} process(es), ZeRO stage {zero_stage if deepspeed else '- (no DeepSpeed)'}, {precision}"
         + (f", resuming from {resume.name}" if resume else "")
     )
@@ -236,7 +257,7 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     if not has_eval and (stopping.keep_best or stopping.patience):
         log(f"{spec.name}: no eval split: early stopping and keep_best are off")
     # TrainingArguments before the model: with ZeRO-3 it makes from_pretrained partition weights.
-    args = TrainingArguments(
+    common = dict(
         output_dir=str(spec.checkpoints_dir),
         max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_batch_size,
@@ -273,8 +294,10 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         greater_is_better=False if has_eval else None,
         **distributed,
     )
+    args = dpo_arguments(cfg, common) if dpo else TrainingArguments(**common)
 
     model = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=torch.float32)
+    lora = None
     if cfg.method == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -285,10 +308,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
             target_modules=cfg.lora.target_modules,
             task_type="CAUSAL_LM",
         )
-        model = get_peft_model(model, lora)
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in model.parameters())
-        log(f"LoRA r={cfg.lora.r}: {trainable:,} of {total:,} parameters trainable")
+        if not dpo:  # DPOTrainer wraps the model itself: its reference is the adapter disabled
+            model = get_peft_model(model, lora)
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in model.parameters())
+            log(f"LoRA r={cfg.lora.r}: {trainable:,} of {total:,} parameters trainable")
 
     progress, throughput = make_callbacks(cfg.max_steps)
     callbacks = [progress, throughput]
@@ -300,15 +324,22 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
                 early_stopping_patience=stopping.patience, early_stopping_threshold=stopping.min_delta
             )
         )
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=train_rows,
-        eval_dataset=eval_rows or None,
-        data_collator=PadCollator(tokenizer.pad_token_id),
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    if dpo:
+        trainer = dpo_trainer(model, args, train_rows, eval_rows, tokenizer, lora, callbacks)
+        if lora is not None:
+            trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in trainer.model.parameters())
+            log(f"LoRA r={cfg.lora.r}: {trainable:,} of {total:,} parameters trainable")
+    else:
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=train_rows,
+            eval_dataset=eval_rows or None,
+            data_collator=PadCollator(tokenizer.pad_token_id),
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
     trainer.remove_callback(PrinterCallback)
 
     output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -351,6 +382,7 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         "name": spec.name,
         "base_model": spec.base_model,
         "method": cfg.method,
+        "objective": cfg.objective,
         "overrides": spec.overrides,
         "loss_history": [[h["step"], h["loss"]] for h in history if "loss" in h],
         "eval_loss_history": eval_history,
@@ -375,6 +407,9 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
         "device": "cuda" if on_gpu else "cpu",
         "resumed_from": resume.name if resume else None,
         "model_dir": str(spec.model_dir),
+        # LoRA: the adapter alone, beside the merged model (an adapter-only model version)
+        "adapter_dir": str(adapter_dir(spec)) if cfg.method == "lora" else None,
+        **(dpo_result(history, cfg) if dpo else {}),
     }
     tmp = spec.result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2))
@@ -388,6 +423,11 @@ def train(spec: TrainSpec) -> dict[str, Any] | None:
     return result
 
 
+def adapter_dir(spec: TrainSpec) -> Path:
+    """Where a LoRA run keeps its adapter (peft's adapter_config.json + weights)."""
+    return Path(spec.output_dir) / "adapter"
+
+
 def save_model(trainer, spec: TrainSpec, tokenizer) -> None:
     """Write spec.model_dir as a plain HF folder. Every rank calls this (ZeRO-3 gathers)."""
     model_dir = spec.model_dir
@@ -399,8 +439,8 @@ def save_model(trainer, spec: TrainSpec, tokenizer) -> None:
         return
     # LoRA: save the adapter (gathered across ranks), then merge it into a fresh copy of the
     # base on rank 0, so serving and evaluation never need peft.
-    adapter_dir = Path(spec.output_dir) / "adapter"
-    trainer.save_model(str(adapter_dir))
+    adapter = adapter_dir(spec)
+    trainer.save_model(str(adapter))
     trainer.accelerator.wait_for_everyone()
     if not trainer.is_world_process_zero():
         return
@@ -411,7 +451,7 @@ def save_model(trainer, spec: TrainSpec, tokenizer) -> None:
 
     unset_hf_deepspeed_config()  # else from_pretrained would partition the base for ZeRO-3
     base = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     merged.config.use_cache = True
     merged.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
