@@ -79,8 +79,11 @@ def test_a_job_on_the_demo_base_runs_as_a_flow_run_of_the_deployment_on_a_prefec
         ):
             api = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
             f = api.files.create(file=("train.jsonl", io.BytesIO(rows(32))), purpose="fine-tune")
+            # No seed, as a user would send it: a random one. 16 epochs because 8 left the demo base at the
+            # edge of learning the answer (seed 0 said 'sana'; one seed in CI kept the base's newlines),
+            # while 16 taught it under every seed tried (0, 6-10; 19-24 s a job here).
             job = api.fine_tuning.jobs.create(
-                model="tiny-chat", training_file=f.id, hyperparameters={"n_epochs": 8, "batch_size": 8}, suffix="w"
+                model="tiny-chat", training_file=f.id, hyperparameters={"n_epochs": 16, "batch_size": 8}, suffix="w"
             )
             done = wait_for(api, job.id, ("succeeded", "failed", "cancelled"), timeout=420)
             assert done.status == "succeeded", (done.error, (tmp_path / "worker.log").read_text()[-3000:])
