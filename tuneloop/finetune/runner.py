@@ -20,8 +20,6 @@ claimed by a compare-and-set on its status, so it starts once). Every fine_tunin
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from typing import Any
 from tuneloop.config import REPO_ROOT, FineTuningTierLimits
 from tuneloop.files import FilesError
 from tuneloop.finetune.jobs import CANCELLED, QUEUED, RUNNING, VALIDATING, JobError, JobStore
+from tuneloop.ports import stop_process_group
 
 log = logging.getLogger("tuneloop.finetune")
 HOST = socket.gethostname()
@@ -87,7 +86,7 @@ class Dispatcher:
         if stop_runs:  # the server goes away: its runs would be orphans nobody watches
             for job_id, proc in list(self._procs.items()):
                 if proc.poll() is None:
-                    self._kill(proc)
+                    stop_process_group(proc)
                     self.store.fail(job_id, "server_stopped", "the server running this job stopped; create it again")
 
     def _loop(self) -> None:
@@ -200,14 +199,14 @@ class Dispatcher:
             job = self.store.get(job_id)
             code = proc.poll()
             if job.status == CANCELLED and code is None:
-                self._kill(proc)
+                stop_process_group(proc)
                 continue
             if (
                 job.status == RUNNING
                 and code is None
                 and time.time() - job.runner.get("started", time.time()) > timeout
             ):
-                self._kill(proc)
+                stop_process_group(proc)
                 self.store.fail(job_id, "job_timeout", f"the job ran over {timeout:.0f} s (fine_tuning.job_timeout_s)")
                 continue
             if code is not None:
@@ -238,20 +237,6 @@ class Dispatcher:
                 self.store.update(job.id, runner={"ended": state.type.value})
                 if self.store.get(job.id).status == RUNNING:
                     self.store.fail(job.id, "run_crashed", f"the flow run ended {state.name}: {state.message or ''}")
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-        """SIGTERM to the run's group (the flow stops its training ranks on it), then SIGKILL."""
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
 
 
 def _alive(pid: int | None, job_id: str) -> bool:
