@@ -3,7 +3,6 @@ in chat's shape (Shape); the request's path is handlers.serve, shared with compl
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -13,7 +12,7 @@ from tuneloop.api.logprobs import ChatLogprobs
 from tuneloop.api.prepare import prepare, tokenize_chat, tokenized
 from tuneloop.api.protocol import ChatCompletionRequest
 from tuneloop.api.server import OpenAIServer
-from tuneloop.api.structured import constraint_of, output_constraint, tool_plan
+from tuneloop.api.structured import checked_constraint, constraint_of, tool_plan
 from tuneloop.chat_format import ToolCall, ToolCallStream, content_text, parse_tool_calls
 
 ARGUMENT_PIECE = 48  # characters of a streamed call's arguments per chunk
@@ -66,12 +65,7 @@ class ChatShape(Shape):
         constraint = constraint_of(body)
         tools = plan.tools if plan is not None else None
         prompts = await tokenized(lambda s, b: tokenize_chat(s, b, tools), server, body)
-        # compiling a grammar and (once) the model's grammar tokenizer: off the event loop
-        constraint = await asyncio.to_thread(
-            lambda: output_constraint(
-                body, plan, constraint, server.loaded.grammar_tokenizer if plan or constraint else None
-            )
-        )
+        constraint = await checked_constraint(server, body, plan, constraint)
         prepared = prepare(server, body, prompts, "messages", constraint=constraint, tools=plan)
         if plan is not None:
             prepared.readers = [plan.reader() for _ in prepared.prompts]

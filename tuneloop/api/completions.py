@@ -3,8 +3,6 @@ path is handlers.serve, shared with chat."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import Request
 
 from tuneloop.api.handlers import Shape, serve
@@ -12,7 +10,7 @@ from tuneloop.api.logprobs import CompletionLogprobs
 from tuneloop.api.prepare import echo_texts, prepare, prompt_items, tokenize_completion, tokenized
 from tuneloop.api.protocol import CompletionRequest
 from tuneloop.api.server import OpenAIServer
-from tuneloop.api.structured import constraint_of, output_constraint
+from tuneloop.api.structured import checked_constraint, constraint_of
 
 
 class CompletionShape(Shape):
@@ -43,11 +41,7 @@ class CompletionShape(Shape):
 
     async def prepare(self, server, body: CompletionRequest, hooks, call):
         prompts = await tokenized(tokenize_completion, server, body)
-        constraint = constraint_of(body)
-        if constraint is not None:  # compiled off the event loop
-            constraint = await asyncio.to_thread(
-                lambda: output_constraint(body, None, constraint, server.loaded.grammar_tokenizer)
-            )
+        constraint = await checked_constraint(server, body, None, constraint_of(body))
         prepared = prepare(
             server, body, prompts, "prompt", echo=echo_texts(server, body, prompts), constraint=constraint
         )

@@ -14,6 +14,7 @@ compile names the construct (`Unimplemented keys: ["not"]`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass
@@ -250,6 +251,14 @@ def output_constraint(body, plan: ToolPlan | None, constraint: Constraint | None
         _check(grammar, tokenizer, _param_of(body), "the schema with the tools")
         return grammar
     return None
+
+
+async def checked_constraint(server, body, plan: ToolPlan | None, constraint: Constraint | None) -> Constraint | None:
+    """output_constraint off the event loop (it compiles a grammar, and builds the model's
+    grammar tokenizer once); a request with neither tools nor a constraint has none to check."""
+    if plan is None and constraint is None:
+        return None
+    return await asyncio.to_thread(lambda: output_constraint(body, plan, constraint, server.loaded.grammar_tokenizer))
 
 
 def _param_of(body) -> str:
