@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from tuneloop.config import REPO_ROOT, FineTuningTierLimits
+from tuneloop.data.formats import PREFERENCE_FORMATS
 from tuneloop.files import FilesError
 from tuneloop.finetune.jobs import CANCELLED, QUEUED, RUNNING, VALIDATING, JobError, JobStore
 from tuneloop.ports import stop_process_group
 
 log = logging.getLogger("tuneloop.finetune")
 HOST = socket.gethostname()
-DPO_FORMATS = ("dpo", "preference")
 
 
 def limits_for(cfg, tier: str | None) -> FineTuningTierLimits:
@@ -117,7 +117,7 @@ class Dispatcher:
             except FilesError as exc:
                 self.store.fail(job.id, f"invalid_{param}", f"{param} {file_id}: {exc}", param=param)
                 return
-            is_pairs = stored.format in DPO_FORMATS
+            is_pairs = stored.format in PREFERENCE_FORMATS
             if is_pairs != wants_pairs:
                 kind = "preference rows (OpenAI's DPO format)" if wants_pairs else "chat or prompt/completion rows"
                 self.store.fail(
