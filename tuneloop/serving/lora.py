@@ -278,9 +278,8 @@ class AdapterChecker:
     def check(self, ref: AdapterRef) -> AdapterSpec:
         folder = Path(ref.path)
         try:
-            stamp = tuple(
-                (f.stat().st_mtime_ns, f.stat().st_size) for f in (folder / CONFIG_FILE, folder / WEIGHTS_FILE)
-            )
+            stats = [(folder / CONFIG_FILE).stat(), (folder / WEIGHTS_FILE).stat()]
+            stamp = tuple((s.st_mtime_ns, s.st_size) for s in stats)
         except OSError:
             stamp = None  # inspect_adapter says what is missing
         key = (ref.name, str(folder))
