@@ -176,11 +176,9 @@ class LoraStep:
 
     def add(self, layer: int, linear: str, x, out) -> None:
         """out += each token's own adapter's delta on the parts of `linear` it targets (x: that product's input)."""
-        import torch
-
-        for part, c0, c1, mask in self.by_linear.get(linear, ()):
+        for part, c0, c1, mask in self.by_linear.get(linear, ()):  # no import here: called per product and layer
             a, bt = self.stacks.weights[(layer, part)]
-            xa = torch.mm(x, a[c0:c1].t())
+            xa = x.mm(a[c0:c1].t())
             xa.mul_(mask)
             _, start, stop = part
             (out if start == 0 and stop == out.shape[1] else out[:, start:stop]).addmm_(xa, bt[c0:c1])
