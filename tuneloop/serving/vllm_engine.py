@@ -381,10 +381,10 @@ class VLLMEngine:
         log.info("vllm engine: adapter %s registered in %.0f ms", ref.name, (time.perf_counter() - started) * 1000)
 
     def body(self, stream: GenerationStream) -> dict:
-        p = stream.params
+        p, adapter = stream.params, self._adapter_of(stream)
         body = {
             # an adapter's requests name it: vLLM applies it to their rows
-            "model": self._adapter_of(stream).name if self._adapter_of(stream) is not None else ENGINE_MODEL_NAME,
+            "model": adapter.name if adapter is not None else ENGINE_MODEL_NAME,
             "prompt": stream.prompt_ids,
             "max_tokens": p.max_new_tokens,
             "temperature": 0.0 if p.greedy else p.temperature,
