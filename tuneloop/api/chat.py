@@ -18,10 +18,6 @@ from tuneloop.chat_format import ToolCall, ToolCallStream, content_text, parse_t
 ARGUMENT_PIECE = 48  # characters of a streamed call's arguments per chunk
 
 
-def _text(message) -> str:
-    return content_text(message.content)
-
-
 def _message(content: str, calls: list[ToolCall]) -> dict:
     out: dict[str, Any] = {
         "role": "assistant",
@@ -42,7 +38,7 @@ class ChatShape(Shape):
     route, id_prefix, chunk_object, json_object = "chat", "chatcmpl", "chat.completion.chunk", "chat.completion"
 
     def prompt_texts(self, server: OpenAIServer, body: ChatCompletionRequest):
-        texts = [_text(m) for m in body.messages]
+        texts = [content_text(m.content) for m in body.messages]
         return texts, [m.role for m in body.messages], texts
 
     def with_texts(self, body: ChatCompletionRequest, texts: list[str], old: list[str]):
@@ -54,7 +50,7 @@ class ChatShape(Shape):
     def logged_prompt(self, server: OpenAIServer, body: ChatCompletionRequest):
         out = []
         for m in body.messages:
-            entry: dict[str, Any] = {"role": m.role, "content": _text(m)}
+            entry: dict[str, Any] = {"role": m.role, "content": content_text(m.content)}
             if m.tool_calls:
                 entry["tool_calls"] = [c.model_dump(mode="json") for c in m.tool_calls]
             out.append(entry)

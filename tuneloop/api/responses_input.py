@@ -18,6 +18,7 @@ from tuneloop.api.protocol import (
     ResponseMessageItem,
     ResponsesRequest,
 )
+from tuneloop.chat_format import content_text
 from tuneloop.serving.errors import InvalidRequest
 
 LOGPROBS = "message.output_text.logprobs"
@@ -116,10 +117,6 @@ def _validated(model: type[BaseModel], raw: dict, where: str) -> Any:
         raise InvalidRequest(f"{param}: {e.get('msg')}", param="input") from None
 
 
-def _text_of(content: Any) -> str:
-    return content if isinstance(content, str) else "".join(p.text for p in content)
-
-
 def _check_parts(content: Any, where: str) -> None:
     """Text parts only: this model reads text."""
     if not isinstance(content, list):
@@ -152,7 +149,7 @@ def _messages(body: ResponsesRequest) -> list[dict]:
         if kind == "message":
             _check_parts(raw.get("content"), f"{where}.content")
             message = _validated(ResponseMessageItem, raw, where)
-            out.append({"role": message.role, "content": _text_of(message.content)})
+            out.append({"role": message.role, "content": content_text(message.content)})
             assistant_last = message.role == "assistant"
         elif kind == "function_call":
             call = _validated(ResponseFunctionCallItem, raw, where)
@@ -181,7 +178,7 @@ def _messages(body: ResponsesRequest) -> list[dict]:
                     f"function_call item too ({STATELESS})",
                     param="input",
                 )
-            out.append({"role": "tool", "tool_call_id": result.call_id, "content": _text_of(result.output)})
+            out.append({"role": "tool", "tool_call_id": result.call_id, "content": content_text(result.output)})
             assistant_last = False
         else:
             raise InvalidRequest(
