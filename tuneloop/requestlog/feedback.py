@@ -46,15 +46,35 @@ _OTHER_KIND = {
 CHAT_ROUTES = ("/v1/chat/completions", "/v1/responses")
 
 
-def feedback_examples(requests: list[dict], feedback: list[dict], kind: str | None = None) -> tuple[list[dict], dict]:
-    """(rows, lineage {feedback_ids, request_ids, rejected: {reason: n}}). kind "legacy" or
-    "chat": only rows of that kind (the training set they are to join); the others are
-    counted as rejected, with the reason."""
+def _by_id(requests: list[dict]) -> dict[str, dict]:
+    """Each request by its request id and, when it has one, its response id."""
     by_id: dict[str, dict] = {}
     for r in requests:
         by_id[r["request_id"]] = r
         if r.get("response_id"):
             by_id[r["response_id"]] = r
+    return by_id
+
+
+def _generation(fb: dict, by_id: dict[str, dict]) -> tuple[dict | None, str | None]:
+    """(the logged generation the feedback is about, None) or (None, why it cannot be used)."""
+    req = by_id.get(fb.get("request_id", ""))
+    if req is None:
+        return None, "unknown request"
+    if req.get("key_id") != fb.get("key_id"):
+        return None, "from another key than the request"
+    if req.get("prompt") is None:
+        return None, "the request's prompt was not logged"
+    if req.get("status") != 200 or req.get("route") not in CHAT_ROUTES + ("/v1/completions",):
+        return None, "not a successful generation"
+    return req, None
+
+
+def feedback_examples(requests: list[dict], feedback: list[dict], kind: str | None = None) -> tuple[list[dict], dict]:
+    """(rows, lineage {feedback_ids, request_ids, rejected: {reason: n}}). kind "legacy" or
+    "chat": only rows of that kind (the training set they are to join); the others are
+    counted as rejected, with the reason."""
+    by_id = _by_id(requests)
     latest: dict[str, dict] = {}
     rejected: Counter[str] = Counter()
     for fb in sorted(feedback, key=lambda f: f.get("time", "")):
@@ -66,18 +86,9 @@ def feedback_examples(requests: list[dict], feedback: list[dict], kind: str | No
             else:
                 rejected["no correction (rating only)"] += 1
             continue
-        req = by_id.get(fb.get("request_id", ""))
+        req, why = _generation(fb, by_id)
         if req is None:
-            rejected["unknown request"] += 1
-            continue
-        if req.get("key_id") != fb.get("key_id"):
-            rejected["from another key than the request"] += 1
-            continue
-        if req.get("prompt") is None:
-            rejected["the request's prompt was not logged"] += 1
-            continue
-        if req.get("status") != 200 or req.get("route") not in CHAT_ROUTES + ("/v1/completions",):
-            rejected["not a successful generation"] += 1
+            rejected[str(why)] += 1
             continue
         if req["request_id"] in latest:
             rejected["superseded by a later correction"] += 1
@@ -123,29 +134,15 @@ def export_feedback_dataset(
     requests = read_records(cfg.request_log.url, cfg.home, "requests")
     fb = read_records(cfg.request_log.url, cfg.home, "feedback", since)
     rows, lineage = feedback_examples(requests, fb, kind)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    lineage["since"] = since.isoformat() if since is not None else None
-    lineage["path"] = str(output)
-    Path(lineage_path or f"{output}.lineage.json").write_text(json.dumps(lineage, indent=2), encoding="utf-8")
-    return lineage
+    return _write(rows, lineage, output, since, lineage_path)
 
 
 def _usable(fb: dict, by_id: dict[str, dict]) -> tuple[dict | None, str | None]:
     """(the chat request the feedback is about, None) or (None, why it cannot make a pair)."""
-    req = by_id.get(fb.get("request_id", ""))
-    if req is None:
-        return None, "unknown request"
-    if req.get("key_id") != fb.get("key_id"):
-        return None, "from another key than the request"
-    if req.get("prompt") is None:
-        return None, "the request's prompt was not logged"
-    if req.get("status") != 200 or req.get("route") not in CHAT_ROUTES + ("/v1/completions",):
-        return None, "not a successful generation"
-    if req["route"] not in CHAT_ROUTES:
+    req, why = _generation(fb, by_id)
+    if req is not None and req["route"] not in CHAT_ROUTES:
         return None, "a completions request: preference pairs are conversations"
-    return req, None
+    return req, why
 
 
 def _answer(req: dict) -> str | None:
@@ -165,11 +162,7 @@ def _pair(prompt: list, chosen: str, rejected: str) -> dict:
 def preference_examples(requests: list[dict], feedback: list[dict]) -> tuple[list[dict], dict]:
     """(rows in OpenAI's DPO format, lineage {feedback_ids, request_ids, rows, sources:
     {preference, correction, ratings: n rows}, rejected: {reason: n}}): see the module doc."""
-    by_id: dict[str, dict] = {}
-    for r in requests:
-        by_id[r["request_id"]] = r
-        if r.get("response_id"):
-            by_id[r["response_id"]] = r
+    by_id = _by_id(requests)
     rejected: Counter[str] = Counter()
     latest: dict[str, dict[str, dict]] = {"preference": {}, "correction": {}, "rating": {}}
     for fb in sorted(feedback, key=lambda f: f.get("time", "")):
@@ -270,6 +263,12 @@ def export_preference_dataset(cfg, output: Path, since=None, lineage_path: Path 
     requests = read_records(cfg.request_log.url, cfg.home, "requests")
     fb = read_records(cfg.request_log.url, cfg.home, "feedback", since)
     rows, lineage = preference_examples(requests, fb)
+    return _write(rows, lineage, output, since, lineage_path)
+
+
+def _write(rows: list[dict], lineage: dict, output: Path, since, lineage_path: Path | None) -> dict:
+    """rows to output (JSONL), the lineage (with since and path) to lineage_path (default
+    <output>.lineage.json); returns the lineage."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
