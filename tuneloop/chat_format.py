@@ -63,6 +63,15 @@ def call_text(name: str, arguments: str | dict) -> str:
     return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n{CALL_CLOSE}"
 
 
+def arguments_object(arguments: str | None) -> dict | None:
+    """A call's arguments text as the JSON object it must be (empty: {}), or None where it is not one."""
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
+
+
 def _signature(tool: dict) -> str:
     fn = tool.get("function", tool)
     out = {"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters") if k in fn}}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tuneloop.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, TokenizeRequest
 from tuneloop.api.server import OpenAIServer
 from tuneloop.api.structured import ToolPlan
-from tuneloop.chat_format import content_text, render_chat
+from tuneloop.chat_format import arguments_object, content_text, render_chat
 from tuneloop.serving.constraints import Constraint
 from tuneloop.serving.engine import SamplingParams
 from tuneloop.serving.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
@@ -279,11 +279,7 @@ def _check_tool_history(messages: list[dict]) -> None:
     calls: set[str] = set()
     for i, m in enumerate(messages):
         for j, c in enumerate(m.get("tool_calls") or []):
-            try:
-                args = json.loads(c["function"]["arguments"] or "{}")
-            except ValueError:
-                args = None
-            if not isinstance(args, dict):
+            if arguments_object(c["function"]["arguments"]) is None:
                 raise InvalidRequest(
                     f"messages[{i}].tool_calls[{j}].function.arguments: not a JSON object's text", param="messages"
                 )

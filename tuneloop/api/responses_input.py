@@ -18,7 +18,7 @@ from tuneloop.api.protocol import (
     ResponseMessageItem,
     ResponsesRequest,
 )
-from tuneloop.chat_format import content_text
+from tuneloop.chat_format import arguments_object, content_text
 from tuneloop.serving.errors import InvalidRequest
 
 LOGPROBS = "message.output_text.logprobs"
@@ -153,11 +153,7 @@ def _messages(body: ResponsesRequest) -> list[dict]:
             assistant_last = message.role == "assistant"
         elif kind == "function_call":
             call = _validated(ResponseFunctionCallItem, raw, where)
-            try:
-                args = json.loads(call.arguments or "{}")
-            except ValueError:
-                args = None
-            if not isinstance(args, dict):
+            if arguments_object(call.arguments) is None:
                 raise InvalidRequest(f"{where}.arguments: not a JSON object's text", param="input")
             made = {
                 "id": call.call_id,
