@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.in_process import preset_config, preset_model  # noqa: E402
 from tests.support.servers import free_port, prefect_server, service  # noqa: E402
 
 WORDS = (
@@ -61,14 +62,6 @@ def rows(n: int) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-def model_dir(name: str) -> tuple[Path, Path]:
-    from tuneloop.bootstrap import ensure_base_model
-    from tuneloop.config import load_config
-
-    config = ROOT / "configs" / ("smollm2.yaml" if name == "smollm2" else "default.yaml")
-    return Path(ensure_base_model(load_config(config, environ={}))), config
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="demo", choices=["demo", "smollm2"])
@@ -81,7 +74,7 @@ def main() -> None:
     from tuneloop.finetune.jobs import JobStore
     from tuneloop.gateway.keys import open_key_store
 
-    folder, config = model_dir(args.model)
+    folder, config = preset_model(args.model), preset_config(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="tuneloop-ftbench-"))
     home = tmp / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNELOOP", "PREFECT"))}

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from benchmarks.in_process import chat_prompts, preset_model, run_batch  # noqa: E402
 from benchmarks.serving import measured, wait_until_quiet  # noqa: E402
 from tests.support.lora import make_adapter  # noqa: E402
 
@@ -61,41 +62,6 @@ QUESTIONS = [
 MODES = ("base", "qv", "all")
 TARGETS = {"qv": ["q_proj", "v_proj"], "all": "all-linear"}  # GPT-2 (the demo model): qv is its c_attn
 ADAPTERS = 8
-
-
-def model_dir(name: str) -> Path:
-    if name in ("smollm2", "demo"):
-        from tuneloop.bootstrap import ensure_base_model
-        from tuneloop.config import load_config
-
-        config = "smollm2.yaml" if name == "smollm2" else "default.yaml"
-        return Path(ensure_base_model(load_config(ROOT / "configs" / config, environ={})))
-    return Path(name)
-
-
-def prompts(loaded, n: int) -> list[list[int]]:
-    from tuneloop.chat_format import render_chat
-
-    return [
-        loaded.encode(render_chat(loaded.tokenizer, [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]))
-        for i in range(n)
-    ]
-
-
-async def run_batch(engine, specs) -> tuple[float, list[list[int]]]:
-    from tuneloop.serving.engine import GenerationStream
-
-    async def one(i, ids, params):
-        stream = GenerationStream(f"r{i}-{time.perf_counter_ns()}", ids, params)
-        engine.submit(stream)
-        got = []
-        async for new in stream.events():
-            got += new
-        return got
-
-    started = time.perf_counter()
-    out = await asyncio.gather(*(one(i, ids, p) for i, (ids, p) in enumerate(specs)))
-    return time.perf_counter() - started, list(out)
 
 
 def make_adapters(path: Path, folder: Path, b_scale: float, seed_base: int = 100) -> dict[str, list]:
@@ -140,13 +106,13 @@ async def main_async(args, work: Path) -> dict:
     from tuneloop.serving.engine import SamplingParams, load_model
     from tuneloop.serving.slots import SlotEngine
 
-    path = model_dir(args.model)
+    path = preset_model(args.model)
     loaded = load_model(path, num_threads=args.threads)
     started = time.perf_counter()
     refs = make_adapters(path, work, args.b_scale)
     print(f"made {2 * ADAPTERS} adapters with peft in {time.perf_counter() - started:.0f} s ({work})", flush=True)
     n, k = args.requests, args.tokens
-    inputs = prompts(loaded, n)
+    inputs = chat_prompts(loaded, QUESTIONS, n)
 
     def specs(mode: str):
         return [
@@ -196,6 +162,7 @@ async def main_async(args, work: Path) -> dict:
             extra: dict = {}
             with measured(extra):
                 wall, out = await run_batch(engine, specs(mode))
+            out = [t for t, _ in out]
             tokens = sum(len(t) for t in out)
             assert tokens == n * k, f"{mode}: {tokens} tokens, not {n * k}"
             rates[mode].append(tokens / wall)
@@ -216,6 +183,7 @@ async def main_async(args, work: Path) -> dict:
             await asyncio.to_thread(alone_engine.ready.wait, 900)
             plain = [(inputs[i], SamplingParams(k, temperature=0.0, ignore_eos=True)) for i in mine]
             _, alone = await run_batch(alone_engine, plain)
+            alone = [t for t, _ in alone]
             alone_engine.stop()
             same += sum(answers[variant][i] == t for i, t in zip(mine, alone))
             rows += len(mine)
@@ -264,7 +232,7 @@ def products(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = AutoConfig.from_pretrained(model_dir(args.model))
+    config = AutoConfig.from_pretrained(preset_model(args.model))
     shapes = config_targets(config)
     if shapes is None:
         raise SystemExit(f"{config.model_type}: no fused forward targets")

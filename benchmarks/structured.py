@@ -29,10 +29,14 @@ import argparse
 import asyncio
 import json
 import statistics
-import time
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.in_process import chat_prompts, preset_model, run_batch  # noqa: E402
+
 CITY = {
     "type": "object",
     "properties": {
@@ -68,46 +72,6 @@ QUESTIONS = [
 ]
 
 
-def model_dir(name: str) -> Path:
-    if name == "smollm2":
-        from tuneloop.bootstrap import ensure_base_model
-        from tuneloop.config import load_config
-
-        return Path(ensure_base_model(load_config(ROOT / "configs" / "smollm2.yaml", environ={})))
-    if name == "demo":
-        from tuneloop.bootstrap import ensure_base_model
-        from tuneloop.config import load_config
-
-        return Path(ensure_base_model(load_config(ROOT / "configs" / "default.yaml", environ={})))
-    return Path(name)
-
-
-def prompts(loaded, n: int, tools=None) -> list[list[int]]:
-    from tuneloop.chat_format import render_chat
-
-    out = []
-    for i in range(n):
-        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-        out.append(loaded.encode(render_chat(loaded.tokenizer, messages, tools)))
-    return out
-
-
-async def run_batch(engine, specs) -> tuple[float, list[tuple[list[int], str]]]:
-    from tuneloop.serving.engine import GenerationStream
-
-    async def one(i, ids, params):
-        stream = GenerationStream(f"r{i}-{time.perf_counter_ns()}", ids, params)
-        engine.submit(stream)
-        got = []
-        async for new in stream.events():
-            got += new
-        return got, stream.finish_reason
-
-    started = time.perf_counter()
-    out = await asyncio.gather(*(one(i, ids, p) for i, (ids, p) in enumerate(specs)))
-    return time.perf_counter() - started, list(out)
-
-
 def accepted(loaded, constraint, tokens: list[int]) -> bool:
     """Whether the constraint's matcher takes every token of an answer (it is a valid prefix)."""
     from tuneloop.serving.constraints import RowConstraint
@@ -129,13 +93,13 @@ async def main_async(args) -> None:
     from tuneloop.serving.engine import SamplingParams, load_model
     from tuneloop.serving.slots import SlotEngine
 
-    path = model_dir(args.model)
+    path = preset_model(args.model)
     loaded = load_model(path, num_threads=args.threads)
     engine = SlotEngine(loaded, num_slots=args.requests)
     engine.launch()
     await asyncio.to_thread(engine.ready.wait, 900)
     n, k = args.requests, args.tokens
-    inputs = {"json": prompts(loaded, n), "tool": prompts(loaded, n, [TOOL])}
+    inputs = {"json": chat_prompts(loaded, QUESTIONS, n), "tool": chat_prompts(loaded, QUESTIONS, n, [TOOL])}
     constraints = {
         "json": json_schema(CITY),
         "tool": Constraint("grammar", tool_call_grammar([TOOL], parallel=False)),
