@@ -217,6 +217,16 @@ def _redacted_calls(calls: list[dict[str, Any]], redact: Callable[[str], str]) -
     return out
 
 
+def _redacted_message(message: dict[str, Any], redact: Callable[[str], str]) -> dict[str, Any]:
+    """An assistant message with its text and each tool call's argument values redacted."""
+    out = dict(message)
+    if isinstance(out.get("content"), str):
+        out["content"] = redact(out["content"])
+    if out.get("tool_calls"):
+        out["tool_calls"] = _redacted_calls(out["tool_calls"], redact)
+    return out
+
+
 def _redacted_completion(ex: Example, redact: Callable[[str], str]) -> Example:
     if ex.messages is None:
         return replace(ex, completion=redact(ex.completion))
@@ -225,9 +235,7 @@ def _redacted_completion(ex: Example, redact: Callable[[str], str]) -> Example:
         completion = redact(ex.completion)
         last["content"] = completion
         return replace(ex, completion=completion, messages=ex.messages[:-1] + [last])
-    if isinstance(last.get("content"), str):
-        last["content"] = redact(last["content"])
-    last["tool_calls"] = _redacted_calls(last["tool_calls"], redact)
+    last = _redacted_message(last, redact)
     return replace(ex, completion=message_text(last), messages=ex.messages[:-1] + [last])
 
 
@@ -237,12 +245,7 @@ def _redacted(ex: Example, redact: Callable[[str], str]) -> Example:
     is the calls' text again. A preference row's rejected answer is redacted the same way."""
     out = _redacted_completion(ex, redact)
     if ex.rejected is not None:
-        rejected = dict(ex.rejected)
-        if isinstance(rejected.get("content"), str):
-            rejected["content"] = redact(rejected["content"])
-        if rejected.get("tool_calls"):
-            rejected["tool_calls"] = _redacted_calls(rejected["tool_calls"], redact)
-        out = replace(out, rejected=rejected)
+        out = replace(out, rejected=_redacted_message(ex.rejected, redact))
     return out
 
 
