@@ -147,7 +147,7 @@ class ResponsesShape(ChatShape):
                 {
                     "id": f"msg_{_hex()}",
                     "type": "message",
-                    "status": "completed" if status == "completed" else "incomplete",
+                    "status": status,
                     "role": "assistant",
                     "content": [_part(text, logprobs)],
                 }
@@ -187,7 +187,7 @@ class ResponsesShape(ChatShape):
         out = events.opening()
         if text or not calls:
             out += events.text(text) if text else events.open_message()
-            out += events.close_message("completed" if _status(c["finish_reason"])[0] == "completed" else "incomplete")
+            out += events.close_message(_status(c["finish_reason"])[0])
         for call in calls:
             out += events.call(ToolCall(call["function"]["name"], call["function"]["arguments"], call["id"]))
         out += events.closing(c["finish_reason"], usage, c.get("content_filter_results"))
@@ -244,7 +244,7 @@ class _Events:
                 out += self.text("")  # no call followed: the whitespace is text
             if not self.items and self.message is None:
                 out += self.open_message()  # an empty answer is an empty message
-            out += self.close_message("completed" if _status(finish)[0] == "completed" else "incomplete")
+            out += self.close_message(_status(finish)[0])
         return out
 
     def open_message(self) -> list[dict]:
