@@ -246,10 +246,6 @@ class ToolCallStream:
             return ""
         return rest
 
-    def content_of(self, text: str) -> str:
-        """Strip the whitespace the call markup leaves around the content."""
-        return text.strip() if self.calls else text
-
 
 def _partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of text that is a beginning of tag."""
