@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from tuneloop.chat_format import render_chat, template_call
 from tuneloop.data.schema import Example
@@ -36,11 +35,6 @@ def _tokens(text: str, tokenizer) -> list[int]:
     # What apply_chat_template(tokenize=True) does with its text: the template writes the
     # special tokens itself, so none are added.
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def _template_call(example: Example, tokenizer) -> tuple[list[dict], dict[str, Any]]:
-    """The whole conversation and the keyword arguments as render_chat hands them to the template."""
-    return template_call(tokenizer, example.messages or [], example.tools)
 
 
 def prompt_ids(example: Example, tokenizer) -> list[int]:
@@ -100,7 +94,8 @@ def encode_example(example: Example, tokenizer, max_length: int) -> dict[str, li
     else:
         ids, labels = None, None
         try:
-            messages, kwargs = _template_call(example, tokenizer)
+            # the conversation and keyword arguments as render_chat hands them to the template
+            messages, kwargs = template_call(tokenizer, example.messages, example.tools)
             out = tokenizer.apply_chat_template(
                 messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
             )
@@ -112,13 +107,8 @@ def encode_example(example: Example, tokenizer, max_length: int) -> dict[str, li
             pass  # template without {% generation %} markers: fall back to prefix masking
         if ids is None:
             p = prompt_ids(example, tokenizer)
-            ids = _full_ids(example, tokenizer)
-            if ids[: len(p)] != p:
-                raise ValueError(
-                    f"{example.example_id}: chat template renders the prompt differently with and "
-                    "without the answer; cannot locate the assistant tokens"
-                )
-            labels = [IGNORE_INDEX] * len(p) + ids[len(p) :]
+            answer = _answer_ids(example, tokenizer, example.messages[-1], p)
+            ids, labels = p + answer, [IGNORE_INDEX] * len(p) + answer
     ids, labels = ids[:max_length], labels[:max_length]
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
 
