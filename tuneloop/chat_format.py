@@ -198,15 +198,14 @@ class ToolCallStream:
     """An answer read as it streams: feed(delta) returns the content the client may see now
     (a tail that may open a call block is held back); each complete, valid call is appended to
     `calls` (and to `new`, until taken), so a streamed call only goes out whole and always
-    assembles to valid JSON. flush() at the end returns what was held (an unfinished block
-    included: `cut` then says a call was cut off)."""
+    assembles to valid JSON. flush() at the end returns what was held, less a call block left
+    unfinished (cut off by max_tokens)."""
 
     def __init__(self, names: set[str] | None = None):
         self.names = names
         self.calls: list[ToolCall] = []
         self.new: list[ToolCall] = []
         self._buf = ""  # text not yet handed out: a possible block opening, or a whole open block
-        self.cut = False
 
     def feed(self, delta: str) -> str:
         self._buf += delta
@@ -242,7 +241,6 @@ class ToolCallStream:
     def flush(self) -> str:
         rest, self._buf = self._buf, ""
         if rest.startswith(CALL_OPEN):  # a call cut off (max_tokens): never handed out half
-            self.cut = True
             return ""
         return rest
 
